@@ -1,0 +1,236 @@
+"""cuTile SwiGLU forward, c = silu(a) * b, for bf16, fp16 and fp32 inputs of shape (..., n).
+
+Every knob in knobs.json is a compile-time constant or a kernel hint:
+  memory_path      "load_store": tiles through ct.load/ct.store; "gather_scatter": rows of
+                   element indices through ct.gather/ct.scatter
+  tile             [rows, cols] handled per step of a block
+  occupancy        hint, blocks per SM (null: the compiler's choice)
+  num_ctas         hint, CTAs per cluster (null: the compiler's choice)
+  fast_math        flush-to-zero and approximate division in the sigmoid (false: IEEE)
+  latency          latency hint on the loads (null: none)
+  store_allow_tma  allow_tma on the store (null: the compiler's choice)
+  persistent       grid of SM count x occupancy blocks striding over the work
+  autotune         launch through perfloop's autotune layer (occupancy searched once per shape)
+Each distinct variant is compiled once: kernel objects are cached by their hints, and cuTile
+caches the compiled code per set of constants.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+from pathlib import Path
+
+import cuda.tile as ct
+import torch
+
+ZERO = ct.PaddingMode.ZERO
+APPROX = ct.RoundingMode.APPROX
+PERSISTENT_OCCUPANCY = 4  # blocks per SM of a persistent grid when occupancy is unset
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+KNOBS = Path(__file__).resolve().parent / "knobs.json"
+
+
+def _silu_mul(x, y, FAST):
+    x = ct.astype(x, ct.float32)
+    y = ct.astype(y, ct.float32)
+    if FAST:
+        den = ct.add(1.0, ct.exp(-x), flush_to_zero=True)
+        s = ct.truediv(x, den, rounding_mode=APPROX, flush_to_zero=True)
+    else:
+        s = x / (1.0 + ct.exp(-x))
+    return s * y
+
+
+def swiglu_tiles(a, b, c, TR: ct.Constant[int], TC: ct.Constant[int], FAST: ct.Constant[bool],
+                 LAT: ct.Constant[int], STORE_TMA: ct.Constant[int], PERSIST: ct.Constant[bool]):
+    """Tiles of TR x TC through ct.load/ct.store; one tile per block, or grid-stride."""
+    n_cols = ct.cdiv(a.shape[1], TC)
+    total = ct.cdiv(a.shape[0], TR) * n_cols
+    step = ct.num_blocks(0) if PERSIST else total
+    for t in range(ct.bid(0), total, step):
+        i = t // n_cols
+        j = t % n_cols
+        if LAT > 0:
+            x = ct.load(a, (i, j), (TR, TC), padding_mode=ZERO, latency=LAT)
+            y = ct.load(b, (i, j), (TR, TC), padding_mode=ZERO, latency=LAT)
+        else:
+            x = ct.load(a, (i, j), (TR, TC), padding_mode=ZERO)
+            y = ct.load(b, (i, j), (TR, TC), padding_mode=ZERO)
+        out = ct.astype(_silu_mul(x, y, FAST), c.dtype)
+        if STORE_TMA == 0:
+            ct.store(c, (i, j), out, allow_tma=False)
+        elif STORE_TMA == 1:
+            ct.store(c, (i, j), out, allow_tma=True)
+        else:
+            ct.store(c, (i, j), out)
+
+
+def swiglu_rows(a, b, c, TR: ct.Constant[int], TC: ct.Constant[int], FAST: ct.Constant[bool],
+                LAT: ct.Constant[int], STORE_TMA: ct.Constant[int], PERSIST: ct.Constant[bool]):
+    """TR rows per block, walked TC columns at a time with ct.gather/ct.scatter (bounds-checked
+    element indices, no tensor maps). STORE_TMA does not apply to scatter."""
+    n_row_blocks = ct.cdiv(a.shape[0], TR)
+    step = ct.num_blocks(0) if PERSIST else n_row_blocks
+    for rb in range(ct.bid(0), n_row_blocks, step):
+        rows = ct.reshape(rb * TR + ct.arange(TR, dtype=ct.int32), (TR, 1))
+        for cb in range(ct.cdiv(a.shape[1], TC)):
+            cols = ct.reshape(cb * TC + ct.arange(TC, dtype=ct.int32), (1, TC))
+            if LAT > 0:
+                x = ct.gather(a, (rows, cols), latency=LAT)
+                y = ct.gather(b, (rows, cols), latency=LAT)
+            else:
+                x = ct.gather(a, (rows, cols))
+                y = ct.gather(b, (rows, cols))
+            ct.scatter(c, (rows, cols), ct.astype(_silu_mul(x, y, FAST), c.dtype))
+
+
+BODIES = {"load_store": swiglu_tiles, "gather_scatter": swiglu_rows}
+
+
+@functools.cache
+def kernel_object(memory_path: str, occupancy: int | None, num_ctas: int | None):
+    """One kernel object per (body, hints); never rebuilt on the launch path."""
+    hints = {k: v for k, v in (("occupancy", occupancy), ("num_ctas", num_ctas)) if v is not None}
+    return ct.kernel(BODIES[memory_path], **hints)
+
+
+def _constants(knobs: dict) -> tuple:
+    tma = {None: -1, False: 0, True: 1}[knobs["store_allow_tma"]]
+    rows, cols = knobs["tile"]
+    return rows, cols, bool(knobs["fast_math"]), knobs["latency"] or 0, tma, bool(knobs["persistent"])
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def grid(knobs: dict, m: int, n: int, device, occupancy: int | None = None) -> tuple[int]:
+    rows, cols = knobs["tile"]
+    blocks = -(-m // rows) * (1 if knobs["memory_path"] == "gather_scatter" else -(-n // cols))
+    if not knobs["persistent"]:
+        return (blocks,)
+    occ = occupancy or knobs["occupancy"] or PERSISTENT_OCCUPANCY
+    return (min(blocks, _sm_count(device.index or 0) * occ),)
+
+
+def _as_2d(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1, t.shape[-1]) if t.is_contiguous() else t.contiguous().view(-1, t.shape[-1])
+
+
+def build(knobs: dict):
+    """launch(inputs, out) for these knob values; out has the inputs' shape and dtype."""
+    consts = _constants(knobs)
+    if knobs.get("autotune"):
+        return _autotuned(knobs, consts)
+    kern = kernel_object(knobs["memory_path"], knobs["occupancy"], knobs["num_ctas"])
+
+    def launch(inputs, out):
+        a, b = (_as_2d(t) for t in inputs)
+        c = out.view(-1, out.shape[-1])
+        ct.launch(torch.cuda.current_stream(), grid(knobs, *a.shape, a.device), kern,
+                  (a, b, c, *consts))
+        return out
+
+    return launch
+
+
+def _autotuned(knobs: dict, consts: tuple):
+    """The launch through perfloop's autotune layer: the occupancy space of memory-bound
+    kernels, with this variant's fixed occupancy always in it."""
+    from perfloop.autotune import Autotuner, space_for
+
+    base = kernel_object(knobs["memory_path"], None, knobs["num_ctas"])
+    fixed = {"occupancy": knobs["occupancy"]}
+    tuner = Autotuner(base, space=space_for("memory-bound", torch.cuda.get_device_capability()),
+                      fixed=fixed, name=f"swiglu-{knobs['memory_path']}",
+                      source=Path(__file__).read_bytes() + repr(sorted(knobs.items())).encode())
+
+    def launch(inputs, out):
+        a, b = (_as_2d(t) for t in inputs)
+        c = out.view(-1, out.shape[-1])
+        key = (tuple(a.shape), str(a.dtype), str(a.device))
+        tuner.launch(torch.cuda.current_stream(), key,
+                     grid_fn=lambda cfg: grid(knobs, *a.shape, a.device, cfg["occupancy"]),
+                     args_fn=lambda cfg: (a, b, c, *consts))
+        return out
+
+    launch.tuner = tuner
+    return launch
+
+
+def swiglu(a: torch.Tensor, b: torch.Tensor, knobs: dict | None = None) -> torch.Tensor:
+    """silu(a) * b with the committed knob values (or the given ones)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        raise ValueError("a and b need the same shape and dtype")
+    out = torch.empty_like(a, memory_format=torch.contiguous_format)
+    _launcher(_frozen(knobs) if knobs is not None else None)((a, b), out)
+    return out
+
+
+def _frozen(knobs: dict) -> tuple:
+    return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in knobs.items()))
+
+
+@functools.cache
+def _launcher(frozen: tuple | None):
+    if frozen is None:
+        import json
+        frozen = _frozen(json.loads(KNOBS.read_text()))
+    return build(dict(frozen))
+
+
+# ---- the plug-in contract ------------------------------------------------------------------
+def make_inputs(shape, seed: int, device):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    dtype = DTYPES[shape.dtype]
+    a = torch.randn(shape.dims, generator=g, dtype=torch.float32) * 3
+    b = torch.randn(shape.dims, generator=g, dtype=torch.float32)
+    return a.to(device=device, dtype=dtype), b.to(device=device, dtype=dtype)
+
+
+def empty_output(inputs):
+    return torch.empty_like(inputs[0])
+
+
+def reference(a, b):
+    """PyTorch eager, in the inputs' dtype: the competitor in `perfloop bench`."""
+    return torch.nn.functional.silu(a) * b
+
+
+def traffic(shape) -> tuple[int, int]:
+    """Bytes that must move (read a and b, write c) and FLOPs (neg, exp, add, div, mul)."""
+    numel = 1
+    for d in shape.dims:
+        numel *= d
+    return 3 * numel * DTYPES[shape.dtype].itemsize, 5 * numel
+
+
+def compile_ahead(knobs: dict, shapes, arch: str) -> None:
+    """Compile this variant for every dtype of `shapes` with tileiras, no GPU needed."""
+    from cuda.tile.compilation import (ArrayConstraint, CallingConvention, KernelSignature,
+                                       export_kernel)
+    from perfloop.autotune import space_for
+
+    occupancies = [knobs["occupancy"]]
+    if knobs.get("autotune"):
+        occupancies += [cfg["occupancy"] for cfg in space_for("memory-bound", _cc(arch))]
+    consts = list(_constants(knobs))
+    signatures = []
+    for dtype in sorted({s.dtype for s in shapes}):
+        array = ArrayConstraint(getattr(ct, dtype), 2, index_dtype=ct.int32,
+                                stride_lower_bound_incl=0, alias_groups=(),
+                                may_alias_internally=False, stride_constant=(None, 1),
+                                base_addr_divisible_by=16)
+        signatures.append(KernelSignature([array] * 3 + consts,
+                                          CallingConvention.cutile_python_v1())
+                          .with_mangled_symbol(BODIES[knobs["memory_path"]].__name__))
+    for occupancy in dict.fromkeys(occupancies):
+        export_kernel(kernel_object(knobs["memory_path"], occupancy, knobs["num_ctas"]),
+                      signatures, io.BytesIO(), gpu_code=arch, output_format="cubin")
+
+
+def _cc(arch: str) -> tuple[int, int]:
+    digits = arch.removeprefix("sm_").rstrip("a")
+    return int(digits[:-1]), int(digits[-1])

@@ -1,0 +1,3 @@
+from perfloop.cli import main
+
+raise SystemExit(main())

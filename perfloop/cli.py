@@ -1,0 +1,72 @@
+"""perfloop's command line: one subcommand per module in perfloop/commands/."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+
+from perfloop import __version__
+from perfloop.commands import COMMANDS
+from perfloop.errors import UserError
+from perfloop.views import SCHEMA
+
+DESCRIPTION = """\
+Make a cuTile kernel faster one measured experiment at a time. Each experiment changes one
+thing, runs the kernel's correctness tests, times it against the incumbent in the same
+process, commits, and keeps or reverts by the playbook's rules. Results go to
+sandbox/<kernel>/perf_results.md (the table) and experiments.jsonl (the full record)."""
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="perfloop", description=DESCRIPTION,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    top.add_argument("--version", action="version", version=f"perfloop {__version__}")
+    subs = top.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, module in COMMANDS.items():
+        sub = subs.add_parser(name, help=module.HELP, description=module.DESCRIPTION,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+        sub.add_argument("--kernel", required=True, metavar="NAME|PATH",
+                         help="a kernel under kernels/ (e.g. swiglu) or a path to a kernel folder")
+        sub.add_argument("--playbook", metavar="DIR",
+                         help="playbook directory (default: the repository's playbook/)")
+        if getattr(module, "JSON", True):
+            sub.add_argument("--json", action="store_true",
+                             help="answer with one JSON object (schema in README, 'For agents')")
+        module.add_arguments(sub)
+    return top
+
+
+def _emit_error(args, message: str, code: int) -> int:
+    if getattr(args, "json", False):
+        print(json.dumps({"schema": SCHEMA, "command": args.command, "ok": False,
+                          "error": message, "exit_code": code}))
+    else:
+        print(f"perfloop: error: {message}", file=sys.stderr)
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    module = COMMANDS[args.command]
+    try:
+        result = module.execute(args)
+    except UserError as exc:
+        return _emit_error(args, str(exc), exc.exit_code)
+    except KeyboardInterrupt:
+        return _emit_error(args, "interrupted; `perfloop run --resume` continues the run", 130)
+    except Exception as exc:  # a bug: keep the traceback in a file, show one line
+        log = Path(tempfile.gettempdir()) / f"perfloop-crash-{os.getpid()}.log"
+        log.write_text(traceback.format_exc())
+        return _emit_error(args, f"internal error {type(exc).__name__}: {exc} "
+                                 f"(traceback in {log})", 1)
+    code = result.pop("exit_code", 0)
+    if getattr(args, "json", False):
+        print(json.dumps({"schema": SCHEMA, "command": args.command, "ok": code == 0, **result}))
+    else:
+        print(module.render(result))
+    return code

@@ -1,0 +1,65 @@
+import time
+
+from perfloop import variants
+from perfloop.errors import UserError
+from perfloop.kernel import find_folder, import_module, load_spec
+from perfloop.playbook import load, resolve_dir, thaw
+from perfloop import gitops
+
+HELP = "compile every variant the playbook can produce, ahead of time, without a GPU"
+DESCRIPTION = """\
+Compiles the kernel for each target architecture with cuTile's ahead-of-time path (tileiras;
+no GPU needed) for a set of knob combinations in which every value of every knob, and every
+pair of values of any two knobs, occurs at least once (--all: every combination). Each
+combination is compiled for the dtypes of all benchmark shapes. Reports each failure with its
+knob values; exits 1 if any variant fails."""
+
+
+def add_arguments(p):
+    p.add_argument("--arch", default="sm_90,sm_100",
+                   help="comma-separated targets (default: sm_90,sm_100)")
+    p.add_argument("--all", action="store_true",
+                   help="every combination of knob values instead of a pairwise-covering set")
+
+
+def execute(args):
+    folder = find_folder(args.kernel, None)
+    repo = gitops.open_repo(folder)
+    root = gitops.root(repo)
+    spec = load_spec(folder, root)
+    playbook = load(resolve_dir(args.playbook, root))
+    archs = [a.strip() for a in args.arch.split(",") if a.strip()]
+    if not archs or any(not a.startswith("sm_") for a in archs):
+        raise UserError(f"--arch takes targets like sm_90,sm_100, not '{args.arch}'")
+    module = import_module(folder, f"check_{spec.name}")
+    if not hasattr(module, "compile_ahead"):
+        raise UserError(f"kernel '{spec.name}' has no compile_ahead(knobs, shapes, arch) in kernel.py")
+    doms = variants.domains(playbook, spec.read_knobs(), spec.candidates)
+    combos = (variants.exhaustive if args.all else variants.pairwise)(doms)
+    failures, t0 = [], time.monotonic()
+    for arch in archs:
+        for knobs in combos:
+            try:
+                module.compile_ahead(knobs, spec.shapes, arch)
+            except Exception as exc:
+                message = str(exc).strip().splitlines()
+                failures.append({"arch": arch, "knobs": {k: thaw(v) for k, v in knobs.items()},
+                                 "error": f"{type(exc).__name__}: {message[0] if message else ''}"})
+    out = {"kernel": spec.name, "archs": archs, "variants": len(combos),
+           "dtypes": sorted({s.dtype for s in spec.shapes}), "compiled": len(combos) * len(archs),
+           "failures": failures, "seconds": round(time.monotonic() - t0, 1),
+           "coverage": "all combinations" if args.all else "every value pair"}
+    if failures:
+        out["exit_code"] = 1
+    return out
+
+
+def render(r):
+    lines = [f"{r['kernel']}: {r['variants']} variants ({r['coverage']}) x {len(r['archs'])} "
+             f"targets ({', '.join(r['archs'])}), dtypes {', '.join(r['dtypes'])}: "
+             f"{r['compiled'] - len(r['failures'])} compiled, {len(r['failures'])} failed "
+             f"in {r['seconds']} s"]
+    for f in r["failures"]:
+        knobs = " ".join(f"{k}={v}" for k, v in f["knobs"].items())
+        lines.append(f"FAIL {f['arch']} {knobs}: {f['error']}")
+    return "\n".join(lines)

@@ -1,0 +1,36 @@
+from perfloop import loop, views
+from perfloop.session import Session, require_gpu
+
+HELP = "start a run: create its branch and measure the baseline (iteration 0)"
+DESCRIPTION = """\
+Creates the branch cutile-perf-<kernel>-<yyyymmdd> (suffixed if taken) from the current
+commit, then runs iteration 0: the kernel's correctness tests and a timing of the unchanged
+kernel against itself, which also measures the noise. Refuses uncommitted changes to tracked
+files. Then use `perfloop next` and `perfloop step`, or `perfloop run --resume` for the rest."""
+
+
+def add_arguments(p):
+    p.add_argument("--new", action="store_true",
+                   help="archive an unfinished run of this kernel and start over")
+
+
+def execute(args):
+    s = Session(args.kernel, args.playbook)
+    if s.spec.requires_gpu:
+        require_gpu()
+    record = loop.start(s, new=args.new)
+    out = {"experiment": views.experiment(record), "status": views.status(s)}
+    if record["status"] != "keep":
+        out["exit_code"] = 1
+    return out
+
+
+def render(r):
+    st = r["status"]
+    lines = [f"run of {st['kernel']} on branch {st['branch']} "
+             f"({st['kernel_class'] or 'unclassified'})",
+             views.experiment_line(r["experiment"])]
+    if st["stopped"]:
+        lines.append(f"stopped: {st['stopped']}")
+    lines.append(f"table: {st['table']}")
+    return "\n".join(lines)

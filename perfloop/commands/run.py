@@ -1,0 +1,58 @@
+from perfloop import loop, views
+from perfloop.session import Session, require_gpu
+
+HELP = "the whole loop, unattended: baseline, then one optimization per iteration until a stop rule"
+DESCRIPTION = """\
+Runs the optimization loop on a kernel: a new branch, iteration 0 (baseline), then the
+playbook's optimizations one per iteration, each judged by the kernel's correctness tests and
+timed against the incumbent in the same process, committed, then kept or reverted. Stops after
+2 iterations in a row without improvement, after a kept gain under 2%, after iteration 25, when
+nothing is left to try, or on Ctrl-C (then --resume continues). Needs an NVIDIA GPU."""
+
+
+def add_arguments(p):
+    p.add_argument("--resume", action="store_true",
+                   help="continue this kernel's run (after a kill, a crash or Ctrl-C)")
+    p.add_argument("--new", action="store_true",
+                   help="archive an unfinished run of this kernel and start a new one")
+    p.add_argument("--max-iterations", type=int, metavar="N",
+                   help="stop after N more iterations (the playbook's limits still apply)")
+
+
+def execute(args):
+    s = Session(args.kernel, args.playbook)
+    if s.spec.requires_gpu:
+        require_gpu()
+    lines = []
+
+    def report(record):
+        e = views.experiment(record)
+        lines.append(e)
+        if not args.json:
+            print(views.experiment_line(e), flush=True)
+
+    if args.resume:
+        s.state  # a clear error when there is no run to resume
+        redone = loop.resume(s)
+    else:
+        redone = loop.start(s, new=args.new)
+    if redone:
+        report(redone)
+    reason = s.state.stopped or loop.run(s, report, args.max_iterations)
+    st = views.status(s)
+    out = {"experiments_this_call": lines, "stop_reason": reason, "status": st}
+    if st["iterations"] and st["experiments"][0]["status"] != "keep":
+        out["exit_code"] = 1
+    return out
+
+
+def render(r):
+    st = r["status"]
+    inc = st["incumbent"]
+    lines = [f"stopped: {r['stop_reason']}"]
+    if inc["latency_ms"] and st["baseline_latency_ms"]:
+        lines.append(f"baseline {st['baseline_latency_ms']:.6f} ms -> incumbent "
+                     f"{inc['latency_ms']:.6f} ms ({st['speedup_vs_baseline']:.3f}x) at "
+                     f"{inc['commit'][:12]} on {st['branch']}")
+    lines.append(f"table: {st['table']}")
+    return "\n".join(lines)

@@ -1,0 +1,34 @@
+from perfloop import views
+from perfloop.session import Session
+
+HELP = "where the run stands: incumbent, experiments so far, whether a stop rule fired"
+DESCRIPTION = """\
+Shows the run's branch, the kernel's class, the incumbent (commit, latency, knobs), every
+experiment so far, whether a stop rule has fired, and any interrupted iteration."""
+
+
+def add_arguments(p):
+    pass
+
+
+def execute(args):
+    s = Session(args.kernel, args.playbook)
+    s.state
+    return views.status(s)
+
+
+def render(st):
+    inc = st["incumbent"]
+    lines = [f"{st['kernel']} on {st['branch']}, {st['kernel_class'] or 'unclassified'}"]
+    for e in st["experiments"]:
+        lines.append(views.experiment_line(e))
+    if inc["latency_ms"]:
+        lines.append(f"incumbent {inc['commit'][:12]} (iteration {inc['iteration']}): "
+                     f"{inc['latency_ms']:.6f} ms"
+                     + (f", {st['speedup_vs_baseline']:.3f}x the baseline"
+                        if st["speedup_vs_baseline"] else ""))
+    if st["in_flight"]:
+        lines.append(f"interrupted: iteration {st['in_flight']['iteration']} "
+                     f"({st['in_flight']['optimization']}); `perfloop run --resume` finishes it")
+    lines.append(f"stopped: {st['stopped']}" if st["stopped"] else "running: no stop rule has fired")
+    return "\n".join(lines)

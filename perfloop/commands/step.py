@@ -1,0 +1,97 @@
+import json
+
+from perfloop import decide, iteration, loop, views
+from perfloop.errors import UserError
+from perfloop.iteration import AGENT, PLAYBOOK, Proposal
+from perfloop.playbook import _freeze, thaw
+from perfloop.session import Session, require_gpu
+from perfloop.suggest import suggestions
+
+HELP = "one iteration: a playbook optimization (--opt), or your own edits (--describe)"
+DESCRIPTION = """\
+Runs one full iteration on the current run (start one with `perfloop init`):
+  --opt ID [--value V]  apply a playbook optimization; without --value every candidate value
+                        is measured and the fastest correct one is carried into the decision.
+                        V is JSON or a bare word: 8, true, '[1,2048]', gather_scatter.
+  --describe TEXT       judge your own uncommitted edits inside the kernel folder; TEXT names
+                        the change in the table. Edits outside the folder are refused.
+  --resume              finish an iteration that was interrupted (kill, crash, Ctrl-C).
+The experiment is committed either way; a reverted one stays reachable under refs/perfloop/."""
+
+
+def add_arguments(p):
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--opt", metavar="ID", help="a playbook optimization id (see `perfloop next`)")
+    what.add_argument("--describe", metavar="TEXT", help="judge your own edits in the kernel folder")
+    what.add_argument("--resume", action="store_true", help="finish an interrupted iteration")
+    p.add_argument("--value", metavar="V", help="with --opt: measure only this candidate value")
+
+
+def _parse_value(text: str):
+    try:
+        return _freeze(json.loads(text))
+    except json.JSONDecodeError:
+        return text
+
+
+def _playbook_proposal(s: Session, opt_id: str, value_text: str | None) -> Proposal:
+    opt = s.playbook.get(opt_id)
+    knobs = s.spec.read_knobs(s.export_commit(s.state.incumbent))
+    if opt.knob not in knobs:
+        raise UserError(f"optimization '{opt.id}' changes knob '{opt.knob}', which kernel "
+                        f"'{s.spec.name}' does not have (its knobs: {', '.join(knobs)})")
+    allowed = s.spec.candidates.get(opt.knob, opt.values)
+    if value_text is None:
+        values = decide.candidates_for(opt, knobs, s.spec.candidates)
+        if not values:
+            raise UserError(f"every candidate of '{opt.id}' equals the incumbent's {opt.knob}")
+        return Proposal(PLAYBOOK, opt, values)
+    value = _parse_value(value_text)
+    if value not in allowed:
+        raise UserError(f"value {value_text} is not a candidate of '{opt.id}' (candidates: "
+                        f"{', '.join(json.dumps(thaw(v)) for v in allowed)})")
+    if value == knobs[opt.knob]:
+        raise UserError(f"the incumbent already has {opt.knob}={value_text}")
+    return Proposal(PLAYBOOK, opt, (value,))
+
+
+def execute(args):
+    if args.value is not None and not args.opt:
+        raise UserError("--value goes with --opt")
+    s = Session(args.kernel, args.playbook)
+    s.state  # a run must exist
+    if args.resume:
+        if s.spec.requires_gpu:
+            require_gpu()
+        record = loop.resume(s)
+        if record is None:
+            raise UserError("nothing to resume: no iteration was interrupted")
+    else:
+        if args.describe is not None:
+            if not args.describe.strip():
+                raise UserError("--describe needs a short text naming the change")
+            proposal = Proposal(AGENT, describe=" ".join(args.describe.split()))
+        else:
+            proposal = _playbook_proposal(s, args.opt, args.value)
+        loop.prepare_step(s)
+        inside = s.changes_inside_folder()
+        if proposal.kind == AGENT and not inside:
+            raise UserError(f"nothing to judge: no uncommitted changes inside {s.folder_rel}/")
+        if proposal.kind == PLAYBOOK and inside:
+            raise UserError(f"uncommitted edits inside {s.folder_rel}/ ({', '.join(inside[:3])}); "
+                            "judge them with --describe or discard them before --opt")
+        if s.spec.requires_gpu:
+            require_gpu()
+        record = iteration.run(s, proposal)
+    st = views.status(s)
+    return {"experiment": views.experiment(record), "incumbent": st["incumbent"],
+            "stopped": st["stopped"], "next": [sg.optimization.id for sg in suggestions(s)][:3]}
+
+
+def render(r):
+    lines = [views.experiment_line(r["experiment"])]
+    if r["stopped"]:
+        lines.append(f"a stop rule fired: {r['stopped']}")
+    if r["next"]:
+        lines.append(f"next: {', '.join(r['next'])}")
+    return "\n".join(lines)

@@ -1,0 +1,173 @@
+"""Git for experiments, through GitPython.
+
+Every experiment is a commit on the run's branch and gets a ref under refs/perfloop/, so its
+code stays reachable after a revert. perfloop stages and restores only the kernel's folder:
+whatever else the user has in the working tree or the index is left exactly as it was.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import tarfile
+import tempfile
+from pathlib import Path
+
+import git
+
+from perfloop.errors import UserError
+
+REF_PREFIX = "refs/perfloop"
+
+
+def open_repo(path: Path) -> git.Repo:
+    try:
+        repo = git.Repo(path, search_parent_directories=True)
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+        raise UserError(f"{path} is not inside a git repository; perfloop records every "
+                        "experiment as a commit, so the kernel must live in one") from None
+    if repo.bare:
+        raise UserError(f"{repo.git_dir} is a bare repository")
+    try:
+        repo.head.commit
+    except ValueError:
+        raise UserError(f"the repository at {repo.working_tree_dir} has no commits yet; "
+                        "commit the kernel first") from None
+    return repo
+
+
+def root(repo: git.Repo) -> Path:
+    return Path(repo.working_tree_dir).resolve()
+
+
+def rel(repo: git.Repo, folder: Path) -> str:
+    try:
+        return folder.resolve().relative_to(root(repo)).as_posix()
+    except ValueError:
+        raise UserError(f"{folder} is not inside the repository {root(repo)}") from None
+
+
+def current_branch(repo: git.Repo) -> str:
+    if repo.head.is_detached:
+        raise UserError("HEAD is detached; check out a branch before running perfloop")
+    return repo.active_branch.name
+
+
+def head(repo: git.Repo) -> str:
+    return repo.head.commit.hexsha
+
+
+def status_paths(repo: git.Repo, untracked: bool = False) -> list[str]:
+    """Paths with uncommitted changes (tracked ones; untracked too if asked)."""
+    flag = "--untracked-files=all" if untracked else "--untracked-files=no"
+    out = repo.git.status("--porcelain", "-z", flag)
+    entries = [e for e in out.split("\0") if e]
+    paths, skip = [], False
+    for entry in entries:
+        if skip:  # the source path of a rename
+            skip = False
+            continue
+        paths.append(entry[3:])
+        skip = entry[0] in "RC"
+    return paths
+
+
+def require_clean(repo: git.Repo) -> None:
+    dirty = status_paths(repo)
+    if dirty:
+        shown = ", ".join(dirty[:5]) + (" ..." if len(dirty) > 5 else "")
+        raise UserError(f"uncommitted changes to tracked files ({shown}); commit or stash "
+                        "them first: perfloop never runs over work it did not make")
+
+
+def inside(path: str, folder_rel: str) -> bool:
+    return path == folder_rel or path.startswith(folder_rel.rstrip("/") + "/")
+
+
+def branch_exists(repo: git.Repo, name: str) -> bool:
+    return name in repo.heads
+
+
+def unique_branch(repo: git.Repo, base: str) -> str:
+    name, n = base, 2
+    while branch_exists(repo, name):
+        name, n = f"{base}-{n}", n + 1
+    return name
+
+
+def create_branch(repo: git.Repo, name: str) -> None:
+    repo.create_head(name, repo.head.commit).checkout()
+
+
+def checkout(repo: git.Repo, name: str) -> None:
+    if current_branch(repo) != name:
+        require_clean(repo)
+        repo.heads[name].checkout()
+
+
+def _identity_env(repo: git.Repo) -> dict:
+    """Commit even where no user.name/email is configured (CI), without changing config."""
+    reader = repo.config_reader()
+    env = {}
+    if not reader.get_value("user", "name", ""):
+        env.update(GIT_AUTHOR_NAME="perfloop", GIT_COMMITTER_NAME="perfloop")
+    if not reader.get_value("user", "email", ""):
+        env.update(GIT_AUTHOR_EMAIL="perfloop@localhost", GIT_COMMITTER_EMAIL="perfloop@localhost")
+    return env
+
+
+def commit_folder(repo: git.Repo, folder_rel: str, message: str) -> str:
+    """Commit the folder's changes only, whatever else is staged or modified."""
+    repo.git.add("-A", "--", folder_rel)
+    env = {**os.environ, **_identity_env(repo)}
+    repo.git.commit("--no-verify", "-m", message, "--", folder_rel, env=env)
+    return head(repo)
+
+
+def set_ref(repo: git.Repo, name: str, sha: str) -> None:
+    repo.git.update_ref(name, sha)
+
+
+def ref_sha(repo: git.Repo, name: str) -> str | None:
+    try:
+        return repo.git.rev_parse("--verify", "--quiet", name + "^{commit}")
+    except git.GitCommandError:
+        return None
+
+
+def move_branch_to(repo: git.Repo, sha: str, folder_rel: str) -> None:
+    """Point the current branch at `sha` and make the folder match it; nothing else changes."""
+    repo.git.reset("--soft", sha)
+    repo.git.restore(f"--source={sha}", "--staged", "--worktree", "--", folder_rel)
+
+
+def restore_folder(repo: git.Repo, sha: str, folder_rel: str) -> None:
+    repo.git.restore(f"--source={sha}", "--staged", "--worktree", "--", folder_rel)
+
+
+def export_folder(repo: git.Repo, sha: str, folder_rel: str, dest: Path) -> Path:
+    """Write the folder as it is in commit `sha` under dest; returns the folder's copy."""
+    target = dest / Path(folder_rel).name
+    if (target / ".complete").exists():
+        return target
+    buf = io.BytesIO()
+    repo.archive(buf, treeish=sha, path=folder_rel, format="tar")
+    buf.seek(0)
+    dest.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=dest, prefix=".export-"))
+    with tarfile.open(fileobj=buf) as tar:
+        tar.extractall(staging, filter="data")
+    shutil.rmtree(target, ignore_errors=True)  # a copy left half-written by a kill
+    (staging / folder_rel).rename(target)
+    shutil.rmtree(staging)
+    (target / ".complete").touch()
+    return target
+
+
+def is_ancestor(repo: git.Repo, ancestor: str, descendant: str) -> bool:
+    return repo.is_ancestor(ancestor, descendant)
+
+
+def commit_message(repo: git.Repo, sha: str) -> str:
+    return repo.commit(sha).message

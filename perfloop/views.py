@@ -1,0 +1,48 @@
+"""Plain, JSON-ready views of the record, shared by the commands' JSON and text output."""
+
+from __future__ import annotations
+
+from perfloop.session import Session
+
+SCHEMA = 1
+
+
+def experiment(record: dict) -> dict:
+    decision = record["decision"]
+    return {"iteration": record["iteration"], "kind": record["kind"],
+            "optimization": record["optimization"], "knob": record.get("knob"),
+            "value": record.get("value"), "describe": record.get("describe") or None,
+            "status": record["status"], "correctness": record["correctness"],
+            "latency_ms": record.get("latency_ms"), "gain": decision.get("gain"),
+            "reason": decision["reason"], "commit": record["commit"], "ref": record["ref"]}
+
+
+def experiment_line(e: dict) -> str:
+    what = e["optimization"] if e["knob"] is None else f"{e['optimization']}: {e['knob']}={e['value']}"
+    if e["describe"]:
+        what = f"agent edit: {e['describe']}"
+    latency = f"{e['latency_ms']:.6f} ms" if e["latency_ms"] is not None else "    (not timed)"
+    return (f"iteration {e['iteration']:<3} {what[:48]:<48} {latency:>14}  {e['correctness'] or '-':<4} "
+            f"{e['status']:<6} {e['reason']}")
+
+
+def incumbent(s: Session, recs: list[dict]) -> dict:
+    kept = [r for r in recs if r["status"] == "keep"]
+    last = kept[-1] if kept else None
+    return {"commit": s.state.incumbent, "iteration": last["iteration"] if last else None,
+            "latency_ms": last["latency_ms"] if last else None,
+            "knobs": last["knobs"] if last else None}
+
+
+def status(s: Session) -> dict:
+    recs = s.records()
+    st = s.state
+    baseline = recs[0]["latency_ms"] if recs else None
+    inc = incumbent(s, recs)
+    speedup = baseline / inc["latency_ms"] if baseline and inc["latency_ms"] else None
+    return {"kernel": st.kernel, "branch": st.branch, "kernel_class": st.kernel_class or None,
+            "intensity_flop_per_byte": st.intensity, "base_commit": st.base_commit,
+            "incumbent": inc, "baseline_latency_ms": baseline, "speedup_vs_baseline": speedup,
+            "iterations": len(recs), "experiments": [experiment(r) for r in recs],
+            "stopped": st.stopped, "in_flight": st.in_flight,
+            "table": str(s.table_path), "record": str(s.records_path)}

@@ -1,0 +1,103 @@
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTED = Path(__file__).resolve().parent / "scripted"
+
+
+def _has_gpu() -> bool:
+    try:
+        import torch
+        import cuda.tile  # noqa: F401
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    if _has_gpu():
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU with cuTile")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+class Scratch:
+    """A throwaway git repository holding the scripted kernel, its judge and a playbook."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.kernel = path / "kernels" / "scripted"
+        shutil.copytree(SCRIPTED / "kernel", self.kernel)
+        (path / "tests").mkdir()
+        shutil.copy(SCRIPTED / "judge_scripted.py", path / "tests" / "judge_scripted.py")
+        shutil.copytree(ROOT / "playbook", path / "playbook")
+        (path / "README.md").write_text("scratch\n")
+        git(path, "init", "-q", "-b", "main")
+        git(path, "config", "user.email", "t@example.com")
+        git(path, "config", "user.name", "t")
+        self.commit_all("initial")
+
+    def commit_all(self, message: str) -> None:
+        git(self.path, "add", "-A")
+        git(self.path, "commit", "-q", "-m", message)
+
+    def script(self, effects: list, **extra) -> None:
+        data = json.loads((self.kernel / "script.json").read_text())
+        data.update(effects=effects, **extra)
+        (self.kernel / "script.json").write_text(json.dumps(data))
+
+    def rules(self, **changes: str) -> None:
+        """Replace `key = value` lines in playbook/rules.toml."""
+        path = self.path / "playbook" / "rules.toml"
+        lines = path.read_text().splitlines()
+        for key, value in changes.items():
+            lines = [f"{key} = {value}" if line.split("=")[0].strip() == key else line
+                     for line in lines]
+        path.write_text("\n".join(lines) + "\n")
+
+    def cli(self, *args: str, env: dict | None = None, timeout: float = 300):
+        """Run `python -m perfloop ... --json` here; returns (exit code, JSON answer, stderr)."""
+        proc = subprocess.run([sys.executable, "-m", "perfloop", *args, "--json"],
+                              cwd=self.path, capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+        lines = proc.stdout.strip().splitlines()
+        answer = json.loads(lines[-1]) if lines else None
+        return proc.returncode, answer, proc.stderr
+
+    def head(self) -> str:
+        return git(self.path, "rev-parse", "HEAD")
+
+    def branch(self) -> str:
+        return git(self.path, "rev-parse", "--abbrev-ref", "HEAD")
+
+    def table(self) -> str:
+        return (self.path / "sandbox" / "scripted" / "perf_results.md").read_text()
+
+    def records(self) -> list[dict]:
+        path = self.path / "sandbox" / "scripted" / "experiments.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()]
+
+    def snapshot(self) -> dict:
+        """Everything a bad command must leave unchanged."""
+        return {"status": git(self.path, "status", "--porcelain", "--untracked-files=all"),
+                "refs": git(self.path, "for-each-ref", "--format=%(refname) %(objectname)"),
+                "head": git(self.path, "symbolic-ref", "-q", "HEAD") if self.branch() != "HEAD"
+                else self.head()}
+
+
+@pytest.fixture
+def scratch(tmp_path) -> Scratch:
+    return Scratch(tmp_path / "repo")
