@@ -1,9 +1,9 @@
 """cuTile SwiGLU forward, c = silu(a) * b, for bf16, fp16 and fp32 inputs of shape (..., n).
 
 Every knob in knobs.json is a compile-time constant or a kernel hint:
-  memory_path      "load_store": tiles through ct.load/ct.store; "gather_scatter": rows of
-                   element indices through ct.gather/ct.scatter
-  tile             [rows, cols] handled per step of a block
+  memory_path      "load_store": each tile through ct.load/ct.store (TMA where the compiler
+                   chooses); "gather_scatter": the same tiles through ct.gather/ct.scatter
+  tile             [rows, cols] of one tile; a block handles one tile (or strides, persistent)
   occupancy        hint, blocks per SM (null: the compiler's choice)
   num_ctas         hint, CTAs per cluster (null: the compiler's choice)
   fast_math        flush-to-zero and approximate division in the sigmoid (false: IEEE)
@@ -42,63 +42,59 @@ def _silu_mul(x, y, FAST):
     return s * y
 
 
-def swiglu_tiles(a, b, c, TR: ct.Constant[int], TC: ct.Constant[int], FAST: ct.Constant[bool],
-                 LAT: ct.Constant[int], STORE_TMA: ct.Constant[int], PERSIST: ct.Constant[bool]):
-    """Tiles of TR x TC through ct.load/ct.store; one tile per block, or grid-stride."""
+def _load(arr, i, j, TR, TC, LAT):
+    if LAT > 0:
+        return ct.load(arr, (i, j), (TR, TC), padding_mode=ZERO, latency=LAT)
+    return ct.load(arr, (i, j), (TR, TC), padding_mode=ZERO)
+
+
+def _gather(arr, rows, cols, LAT):
+    if LAT > 0:
+        return ct.gather(arr, (rows, cols), latency=LAT)
+    return ct.gather(arr, (rows, cols))
+
+
+def swiglu_kernel(a, b, c, GATHER: ct.Constant[bool], TR: ct.Constant[int],
+                  TC: ct.Constant[int], FAST: ct.Constant[bool], LAT: ct.Constant[int],
+                  STORE_TMA: ct.Constant[int], PERSIST: ct.Constant[bool]):
+    """c = silu(a) * b over TR x TC tiles: one tile per block, or grid-stride when PERSIST.
+    GATHER moves each tile with element indices (ct.gather/ct.scatter, bounds-checked, no
+    tensor maps) instead of ct.load/ct.store; STORE_TMA does not apply to scatter."""
     n_cols = ct.cdiv(a.shape[1], TC)
     total = ct.cdiv(a.shape[0], TR) * n_cols
     step = ct.num_blocks(0) if PERSIST else total
     for t in range(ct.bid(0), total, step):
         i = t // n_cols
         j = t % n_cols
-        if LAT > 0:
-            x = ct.load(a, (i, j), (TR, TC), padding_mode=ZERO, latency=LAT)
-            y = ct.load(b, (i, j), (TR, TC), padding_mode=ZERO, latency=LAT)
+        if GATHER:
+            rows = ct.reshape(i * TR + ct.arange(TR, dtype=ct.int32), (TR, 1))
+            cols = ct.reshape(j * TC + ct.arange(TC, dtype=ct.int32), (1, TC))
+            out = _silu_mul(_gather(a, rows, cols, LAT), _gather(b, rows, cols, LAT), FAST)
+            ct.scatter(c, (rows, cols), ct.astype(out, c.dtype))
         else:
-            x = ct.load(a, (i, j), (TR, TC), padding_mode=ZERO)
-            y = ct.load(b, (i, j), (TR, TC), padding_mode=ZERO)
-        out = ct.astype(_silu_mul(x, y, FAST), c.dtype)
-        if STORE_TMA == 0:
-            ct.store(c, (i, j), out, allow_tma=False)
-        elif STORE_TMA == 1:
-            ct.store(c, (i, j), out, allow_tma=True)
-        else:
-            ct.store(c, (i, j), out)
-
-
-def swiglu_rows(a, b, c, TR: ct.Constant[int], TC: ct.Constant[int], FAST: ct.Constant[bool],
-                LAT: ct.Constant[int], STORE_TMA: ct.Constant[int], PERSIST: ct.Constant[bool]):
-    """TR rows per block, walked TC columns at a time with ct.gather/ct.scatter (bounds-checked
-    element indices, no tensor maps). STORE_TMA does not apply to scatter."""
-    n_row_blocks = ct.cdiv(a.shape[0], TR)
-    step = ct.num_blocks(0) if PERSIST else n_row_blocks
-    for rb in range(ct.bid(0), n_row_blocks, step):
-        rows = ct.reshape(rb * TR + ct.arange(TR, dtype=ct.int32), (TR, 1))
-        for cb in range(ct.cdiv(a.shape[1], TC)):
-            cols = ct.reshape(cb * TC + ct.arange(TC, dtype=ct.int32), (1, TC))
-            if LAT > 0:
-                x = ct.gather(a, (rows, cols), latency=LAT)
-                y = ct.gather(b, (rows, cols), latency=LAT)
+            out = ct.astype(_silu_mul(_load(a, i, j, TR, TC, LAT), _load(b, i, j, TR, TC, LAT),
+                                      FAST), c.dtype)
+            if STORE_TMA == 0:
+                ct.store(c, (i, j), out, allow_tma=False)
+            elif STORE_TMA == 1:
+                ct.store(c, (i, j), out, allow_tma=True)
             else:
-                x = ct.gather(a, (rows, cols))
-                y = ct.gather(b, (rows, cols))
-            ct.scatter(c, (rows, cols), ct.astype(_silu_mul(x, y, FAST), c.dtype))
-
-
-BODIES = {"load_store": swiglu_tiles, "gather_scatter": swiglu_rows}
+                ct.store(c, (i, j), out)
 
 
 @functools.cache
-def kernel_object(memory_path: str, occupancy: int | None, num_ctas: int | None):
-    """One kernel object per (body, hints); never rebuilt on the launch path."""
+def kernel_object(occupancy: int | None, num_ctas: int | None):
+    """One kernel object per set of hints; never rebuilt on the launch path."""
     hints = {k: v for k, v in (("occupancy", occupancy), ("num_ctas", num_ctas)) if v is not None}
-    return ct.kernel(BODIES[memory_path], **hints)
+    return ct.kernel(swiglu_kernel, **hints)
 
 
 def _constants(knobs: dict) -> tuple:
     tma = {None: -1, False: 0, True: 1}[knobs["store_allow_tma"]]
     rows, cols = knobs["tile"]
-    return rows, cols, bool(knobs["fast_math"]), knobs["latency"] or 0, tma, bool(knobs["persistent"])
+    gather = {"load_store": False, "gather_scatter": True}[knobs["memory_path"]]
+    return (gather, rows, cols, bool(knobs["fast_math"]), knobs["latency"] or 0, tma,
+            bool(knobs["persistent"]))
 
 
 @functools.cache
@@ -108,7 +104,7 @@ def _sm_count(index: int) -> int:
 
 def grid(knobs: dict, m: int, n: int, device, occupancy: int | None = None) -> tuple[int]:
     rows, cols = knobs["tile"]
-    blocks = -(-m // rows) * (1 if knobs["memory_path"] == "gather_scatter" else -(-n // cols))
+    blocks = -(-m // rows) * -(-n // cols)
     if not knobs["persistent"]:
         return (blocks,)
     occ = occupancy or knobs["occupancy"] or PERSISTENT_OCCUPANCY
@@ -124,7 +120,7 @@ def build(knobs: dict):
     consts = _constants(knobs)
     if knobs.get("autotune"):
         return _autotuned(knobs, consts)
-    kern = kernel_object(knobs["memory_path"], knobs["occupancy"], knobs["num_ctas"])
+    kern = kernel_object(knobs["occupancy"], knobs["num_ctas"])
 
     def launch(inputs, out):
         a, b = (_as_2d(t) for t in inputs)
@@ -141,7 +137,7 @@ def _autotuned(knobs: dict, consts: tuple):
     kernels, with this variant's fixed occupancy always in it."""
     from perfloop.autotune import Autotuner, space_for
 
-    base = kernel_object(knobs["memory_path"], None, knobs["num_ctas"])
+    base = kernel_object(None, knobs["num_ctas"])
     fixed = {"occupancy": knobs["occupancy"]}
     tuner = Autotuner(base, space=space_for("memory-bound", torch.cuda.get_device_capability()),
                       fixed=fixed, name=f"swiglu-{knobs['memory_path']}",
@@ -225,9 +221,9 @@ def compile_ahead(knobs: dict, shapes, arch: str) -> None:
                                 base_addr_divisible_by=16)
         signatures.append(KernelSignature([array] * 3 + consts,
                                           CallingConvention.cutile_python_v1())
-                          .with_mangled_symbol(BODIES[knobs["memory_path"]].__name__))
+                          .with_mangled_symbol(swiglu_kernel.__name__))
     for occupancy in dict.fromkeys(occupancies):
-        export_kernel(kernel_object(knobs["memory_path"], occupancy, knobs["num_ctas"]),
+        export_kernel(kernel_object(occupancy, knobs["num_ctas"]),
                       signatures, io.BytesIO(), gpu_code=arch, output_format="cubin")
 
 
