@@ -21,7 +21,7 @@ from perfloop.errors import UserError
 REF_PREFIX = "refs/perfloop"
 
 
-def open_repo(path: Path) -> git.Repo:
+def find_repo(path: Path) -> git.Repo:
     try:
         repo = git.Repo(path, search_parent_directories=True)
     except (git.InvalidGitRepositoryError, git.NoSuchPathError):
@@ -29,6 +29,12 @@ def open_repo(path: Path) -> git.Repo:
                         "experiment as a commit, so the kernel must live in one") from None
     if repo.bare:
         raise UserError(f"{repo.git_dir} is a bare repository")
+    return repo
+
+
+def open_repo(path: Path) -> git.Repo:
+    """The repository holding `path`, which must have a commit to branch from."""
+    repo = find_repo(path)
     try:
         repo.head.commit
     except ValueError:

@@ -118,8 +118,8 @@ def run(s: Session, proposal: Proposal) -> dict:
     elif not passing:
         verdict, detail = decide.decide(decide.Outcome(correct=False), rules.decision), judged.detail
     else:
-        timed = [variants[0]] + ([dict(variants[0], label="repeat")]
-                                 if proposal.kind == BASELINE else passing)
+        control = dict(variants[0], label=phases.CONTROL)
+        timed = [variants[0], control] + (passing if proposal.kind != BASELINE else [])
         timing = phases.time_variants(timed, [sh.as_dict() for sh in s.spec.shapes], rules,
                                       ceilings_cache=s.ceilings_cache, work=s.work, tag=tag,
                                       timeout_s=deadline - time.monotonic(), cwd=s.root)
@@ -179,15 +179,16 @@ def _weigh(s: Session, proposal: Proposal, timed: list[dict], summary: dict):
     head = s.spec.headline.name
     if proposal.kind == BASELINE:
         below = _below_floor(summary, "incumbent", rules.floor_tolerance)
-        aa = summary[head]["vs_incumbent"]["repeat"]
+        aa = summary[head]["vs_incumbent"][phases.CONTROL]
         if below:
             return timed[0], decide.Verdict(decide.REVERT, "PASS", "baseline measured faster "
                                             f"than the physical floor on {', '.join(below)}: "
                                             "the measurement is broken")
         return timed[0], decide.Verdict(decide.KEEP, "PASS", "baseline; the same code timed "
                                         f"twice differs by {100 * abs(aa['ratio'] - 1):.2f}% "
-                                        "at the headline shape")
-    best = min(timed[1:], key=lambda v: summary[head]["vs_incumbent"][v["label"]]["ratio"])
+                                        f"(noise {100 * summary[head]['noise']:.2f}%) at the "
+                                        "headline shape")
+    best = min(timed[2:], key=lambda v: summary[head]["vs_incumbent"][v["label"]]["ratio"])
     outcome = decide.Outcome(correct=True, comparisons=_comparisons(summary, best["label"]),
                              headline=head,
                              below_floor=_below_floor(summary, best["label"], rules.floor_tolerance))

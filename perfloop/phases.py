@@ -89,8 +89,13 @@ def time_variants(variants: list[dict], shapes: list[dict], rules: Rules, *, cei
     return Timing(False, "timed", json.loads(out.read_text()), res.wall_s)
 
 
-def summarize_timing(raw: dict, labels: list[str], incumbent: str) -> dict:
-    """Per shape: each variant's statistics and each candidate's comparison to the incumbent."""
+CONTROL = "incumbent-again"  # the incumbent timed a second time: the A/A control
+
+
+def summarize_timing(raw: dict, labels: list[str], incumbent: str,
+                     control: str = CONTROL) -> dict:
+    """Per shape: each variant's statistics, and each variant's comparison to the incumbent
+    with the noise that the A/A control showed on that shape."""
     shapes = {}
     ceiling = raw.get("ceilings") or {}
     for name, shape in raw["shapes"].items():
@@ -110,15 +115,15 @@ def summarize_timing(raw: dict, labels: list[str], incumbent: str) -> dict:
                 if ceiling.get("copy_gbps"):
                     entry["share_of_copy_bw"] = entry["gbps"] / ceiling["copy_gbps"]
             per_variant[label] = entry
-        comparisons = {}
-        for label in labels:
-            if label != incumbent:
-                c = stats.compare(round_medians[incumbent], round_medians[label])
-                comparisons[label] = {"ratio": c.ratio, "ci_low": c.ci_low, "ci_high": c.ci_high,
-                                      "noise": c.noise}
+        noise = 0.0
+        if control in labels:
+            noise = stats.noise_of(stats.compare(round_medians[incumbent], round_medians[control]))
+        comparisons = {label: vars(stats.compare(round_medians[incumbent], round_medians[label],
+                                                 noise=noise))
+                       for label in labels if label != incumbent}
         shapes[name] = {"bytes": shape["bytes"], "flops": shape["flops"],
                         "floor_ms": shape.get("floor_ms"), "reps_per_round": shape["reps"],
-                        "variants": per_variant, "vs_incumbent": comparisons}
+                        "noise": noise, "variants": per_variant, "vs_incumbent": comparisons}
     return shapes
 
 

@@ -55,7 +55,7 @@ class Comparison:
     ratio: float
     ci_low: float
     ci_high: float
-    noise: float  # relative spread of the incumbent itself over the rounds
+    noise: float = 0.0  # what the same code timed twice in the same rounds differs by
 
     @property
     def gain(self) -> float:
@@ -63,7 +63,7 @@ class Comparison:
 
 
 def compare(incumbent_rounds: list[float], candidate_rounds: list[float],
-            confidence: float = 0.95) -> Comparison:
+            confidence: float = 0.95, noise: float = 0.0) -> Comparison:
     """Paired comparison of per-round medians measured in alternating rounds.
 
     Each round's ratio cancels drift that both variants saw in that round.
@@ -71,5 +71,10 @@ def compare(incumbent_rounds: list[float], candidate_rounds: list[float],
     if len(incumbent_rounds) != len(candidate_rounds) or not incumbent_rounds:
         raise ValueError("need the same, non-zero number of rounds for both variants")
     ratios = summarize([c / i for c, i in zip(candidate_rounds, incumbent_rounds)], confidence)
-    noise = summarize(incumbent_rounds, confidence).rel_halfwidth
     return Comparison(ratios.median, ratios.ci_low, ratios.ci_high, noise)
+
+
+def noise_of(control: Comparison) -> float:
+    """The noise an A/A control shows: how far the same code's ratio strays from 1, or the
+    half-width of its interval, whichever is larger."""
+    return max(abs(control.ratio - 1.0), (control.ci_high - control.ci_low) / 2.0)

@@ -25,7 +25,7 @@ def pytest_collection_modifyitems(config, items):
         return
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU with cuTile")
     for item in items:
-        if "gpu" in item.keywords:
+        if item.get_closest_marker("gpu"):  # the marker, not a keyword: a param id may be "gpu"
             item.add_marker(skip)
 
 
@@ -67,6 +67,13 @@ class Scratch:
             lines = [f"{key} = {value}" if line.split("=")[0].strip() == key else line
                      for line in lines]
         path.write_text("\n".join(lines) + "\n")
+
+    def add_optimization(self, opt_id: str, knob: str, values: list, priority: int = 0) -> None:
+        """Append a catalog entry (e.g. one that injects a fault through the 'mode' knob)."""
+        with open(self.path / "playbook" / "catalog.toml", "a") as f:
+            f.write(f'\n[[optimization]]\nid = "{opt_id}"\ntitle = "{opt_id}"\nfamily = "{opt_id}"\n'
+                    f'knob = "{knob}"\nvalues = {json.dumps(values)}\n'
+                    f'applies_to = ["memory-bound"]\npriority = {{ memory-bound = {priority} }}\n')
 
     def cli(self, *args: str, env: dict | None = None, timeout: float = 300):
         """Run `python -m perfloop ... --json` here; returns (exit code, JSON answer, stderr)."""

@@ -12,7 +12,7 @@ with the same harness as the loop (CUDA events, L2 flushed, medians with 95% int
 kernel is timed twice, so the table also shows how well the same code repeats. Answers: is my
 cuTile kernel competitive? Needs an NVIDIA GPU; the result also goes to sandbox/<kernel>/bench.json."""
 
-ORDER = ["cutile", "cutile-again", "torch-compile", "torch-eager"]
+ORDER = ["cutile", "cutile-again", "torch-compile", "torch-eager"]  # cutile-again: A/A control
 
 
 def add_arguments(p):
@@ -36,7 +36,7 @@ def execute(args):
                                   cwd=s.root)
     if timing.crashed:
         return {"error": timing.detail, "exit_code": 1}
-    summary = phases.summarize_timing(timing.raw, ORDER, "cutile")
+    summary = phases.summarize_timing(timing.raw, ORDER, "cutile", control="cutile-again")
     rows = []
     for name, shape in summary.items():
         ours = shape["variants"]["cutile"]["median_ms"]
@@ -45,8 +45,12 @@ def execute(args):
             rows.append({"shape": name, "variant": label, "median_ms": v["median_ms"],
                          "ci_low_ms": v["ci_low_ms"], "ci_high_ms": v["ci_high_ms"],
                          "gbps": v.get("gbps"), "share_of_copy_bw": v.get("share_of_copy_bw"),
-                         "vs_cutile": v["median_ms"] / ours})
+                         "vs_cutile": v["median_ms"] / ours,
+                         "ratio_ci": [shape["vs_incumbent"][label]["ci_low"],
+                                      shape["vs_incumbent"][label]["ci_high"]]
+                         if label != "cutile" else [1.0, 1.0]})
     out = {"kernel": s.spec.name, "knobs": knobs, "rows": rows, "headline": s.spec.headline.name,
+           "noise": {name: shape["noise"] for name, shape in summary.items()},
            "environment": timing.raw["environment"], "ceilings": timing.raw["ceilings"],
            "method": timing.raw["method"]}
     write_json(s.sandbox / "bench.json", {**out, "shapes": summary})
@@ -60,11 +64,12 @@ def render(r):
     lines = [f"{r['kernel']} on {env.get('gpu_name')} (driver {env.get('driver')}, cuTile "
              f"{env.get('cutile')}, torch {env.get('torch')}); copy ceiling "
              f"{ceil['copy_gbps']:.0f} GB/s", "",
-             "| shape | variant | median ms | 95% CI ms | GB/s | share of copy ceiling | time vs cuTile |",
+             "| shape | variant | median ms | 95% CI ms | GB/s | share of copy ceiling | time / cuTile (95% CI) |",
              "|:--|:--|--:|--:|--:|--:|--:|"]
     for row in r["rows"]:
         shape = row["shape"] + (" (headline)" if row["shape"] == r["headline"] else "")
         lines.append(f"| {shape} | {row['variant']} | {row['median_ms']:.4f} | "
                      f"{row['ci_low_ms']:.4f}-{row['ci_high_ms']:.4f} | {row['gbps']:.0f} | "
-                     f"{row['share_of_copy_bw']:.3f} | {row['vs_cutile']:.3f} |")
+                     f"{row['share_of_copy_bw']:.3f} | {row['vs_cutile']:.3f} "
+                     f"({row['ratio_ci'][0]:.3f}-{row['ratio_ci'][1]:.3f}) |")
     return "\n".join(lines)

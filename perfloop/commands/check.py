@@ -1,10 +1,9 @@
 import time
 
-from perfloop import variants
+from perfloop import gitops, variants
 from perfloop.errors import UserError
 from perfloop.kernel import find_folder, import_module, load_spec
 from perfloop.playbook import load, resolve_dir, thaw
-from perfloop import gitops
 
 HELP = "compile every variant the playbook can produce, ahead of time, without a GPU"
 DESCRIPTION = """\
@@ -24,8 +23,7 @@ def add_arguments(p):
 
 def execute(args):
     folder = find_folder(args.kernel, None)
-    repo = gitops.open_repo(folder)
-    root = gitops.root(repo)
+    root = gitops.root(gitops.find_repo(folder))
     spec = load_spec(folder, root)
     playbook = load(resolve_dir(args.playbook, root))
     archs = [a.strip() for a in args.arch.split(",") if a.strip()]

@@ -1,0 +1,48 @@
+"""`perfloop check`: ahead-of-time compilation of every variant, on a machine without a GPU."""
+
+import shutil
+
+import pytest
+from conftest import ROOT, git
+
+from perfloop import variants
+
+pytest.importorskip("cuda.tile")
+
+
+def test_a_variant_that_cannot_compile_is_named(tmp_path):
+    repo = tmp_path / "repo"
+    shutil.copytree(ROOT / "tests" / "broken" / "kernel", repo / "kernels" / "broken")
+    (repo / "tests").mkdir()
+    (repo / "tests" / "judge_broken.py").write_text("")
+    git(repo.parent, "init", "-q", str(repo))
+    from test_cli_errors import human
+
+    code, out, err = human(repo, "check", "--kernel", "kernels/broken", "--arch", "sm_90")
+    assert code == 1, err
+    failures = [line for line in out.splitlines() if line.startswith("FAIL")]
+    assert failures and all("tile=[1, 96]" in line for line in failures)
+    assert all("not a power of two" in line for line in failures)
+    assert "variants (every value pair)" in out and "0 failed" not in out
+
+
+def test_pairwise_set_covers_every_pair_and_starts_with_the_committed_knobs():
+    doms = {"a": [0, 1, 2], "b": ["x", "y"], "c": [True, False], "d": [None, 4, 8]}
+    rows = variants.pairwise(doms)
+    assert rows[0] == {"a": 0, "b": "x", "c": True, "d": None}
+    names = list(doms)
+    for i, n in enumerate(names):
+        for m in names[i + 1:]:
+            for u in doms[n]:
+                for v in doms[m]:
+                    assert any(r[n] == u and r[m] == v for r in rows), (n, u, m, v)
+    assert len(rows) < len(variants.exhaustive(doms))
+
+
+def test_domains_hold_every_candidate_the_playbook_can_set():
+    from perfloop.playbook import SHIPPED, load
+
+    doms = variants.domains(load(SHIPPED), {"occupancy": None, "tile": (1, 1024), "x": 1},
+                            {"tile": ((1, 64),)})
+    assert doms["occupancy"] == [None, 1, 2, 4, 8, 16]
+    assert doms["tile"] == [(1, 1024), (1, 64)] and doms["x"] == [1]

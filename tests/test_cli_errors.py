@@ -1,0 +1,136 @@
+"""Bad input: one clear line, a non-zero exit, no traceback, and the repository unchanged."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT, SCRIPTED, _has_gpu, git
+
+
+def human(repo, *args):
+    """The CLI without --json: the error must be one line on stderr."""
+    proc = subprocess.run([sys.executable, "-m", "perfloop", *args], cwd=repo, text=True,
+                          capture_output=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def assert_one_line(stderr: str, *words: str):
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("perfloop: error: "), stderr
+    assert "Traceback" not in stderr and all(w in lines[0] for w in words), stderr
+
+
+@pytest.fixture
+def started(scratch):
+    assert scratch.cli("init", "--kernel", "scripted")[0] == 0
+    return scratch
+
+
+def test_unknown_kernel(scratch):
+    before = scratch.snapshot()
+    code, _, err = human(scratch.path, "init", "--kernel", "nosuch")
+    assert code == 2 and scratch.snapshot() == before
+    assert_one_line(err, "unknown kernel 'nosuch'", "shipped kernels: swiglu")
+
+
+def test_unknown_optimization(started):
+    before = started.snapshot()
+    code, _, err = human(started.path, "step", "--kernel", "scripted", "--opt", "warp_magic")
+    assert code == 2 and started.snapshot() == before
+    assert_one_line(err, "unknown optimization 'warp_magic'", "fast_math")
+
+
+@pytest.mark.parametrize("value", ["3", "[1, 3]", "fast"])
+def test_value_outside_the_candidates(started, value):
+    before = started.snapshot()
+    opt = "tile_shape" if value.startswith("[") else "occupancy"
+    code, _, err = human(started.path, "step", "--kernel", "scripted", "--opt", opt, "--value", value)
+    assert code == 2 and started.snapshot() == before
+    assert_one_line(err, f"value {value} is not a candidate of '{opt}'")
+
+
+def test_value_equal_to_the_incumbents(started):
+    code, _, err = human(started.path, "step", "--kernel", "scripted", "--opt", "tile_shape",
+                         "--value", "[1, 1024]")
+    assert code == 2
+    assert_one_line(err, "already has tile=[1, 1024]")
+
+
+def test_not_a_git_repository(tmp_path):
+    folder = tmp_path / "loose" / "scripted"
+    shutil.copytree(SCRIPTED / "kernel", folder)
+    code, _, err = human(tmp_path, "init", "--kernel", str(folder))
+    assert code == 2 and not (tmp_path / "loose" / "sandbox").exists()
+    assert_one_line(err, "is not inside a git repository")
+
+
+def test_detached_head(scratch):
+    git(scratch.path, "checkout", "-q", "--detach")
+    before = scratch.snapshot()
+    code, _, err = human(scratch.path, "init", "--kernel", "scripted")
+    assert code == 2 and scratch.snapshot() == before
+    assert_one_line(err, "HEAD is detached")
+
+
+def test_corrupted_record(started):
+    records = started.path / "sandbox/scripted/experiments.jsonl"
+    records.write_text(records.read_text() + '{"iteration": 1, "status": "ke\n')
+    data, before = records.read_bytes(), started.snapshot()
+    for args in (["status"], ["step", "--opt", "fast_math"], ["report"]):
+        code, _, err = human(started.path, *args[:1], "--kernel", "scripted", *args[1:])
+        assert code == 2
+        assert_one_line(err, "experiments.jsonl: line 2 is not valid JSON")
+    assert records.read_bytes() == data and started.snapshot() == before
+
+
+def test_record_that_is_not_an_experiment(started):
+    records = started.path / "sandbox/scripted/experiments.jsonl"
+    records.write_text(records.read_text() + '{"hello": 1}\n')
+    code, _, err = human(started.path, "next", "--kernel", "scripted")
+    assert code == 2
+    assert_one_line(err, "line 2 is not an experiment record")
+
+
+def test_corrupted_state(started):
+    (started.path / "sandbox/scripted/state.json").write_text("{")
+    code, _, err = human(started.path, "status", "--kernel", "scripted")
+    assert code == 2
+    assert_one_line(err, "state.json is corrupted")
+
+
+def test_folder_that_is_not_a_kernel(scratch):
+    code, _, err = human(scratch.path, "init", "--kernel", "./playbook")
+    assert code == 2
+    assert_one_line(err, "is not a kernel folder")
+
+
+def test_broken_playbook(scratch):
+    (scratch.path / "playbook" / "rules.toml").write_text("[decision\n")
+    scratch.commit_all("break the rules")
+    before = scratch.snapshot()
+    code, _, err = human(scratch.path, "init", "--kernel", "scripted")
+    assert code == 2 and scratch.snapshot() == before
+    assert_one_line(err, "rules.toml is not valid TOML")
+
+
+def test_no_run_yet(scratch):
+    code, _, err = human(scratch.path, "next", "--kernel", "scripted")
+    assert code == 2
+    assert_one_line(err, "no run of 'scripted' yet")
+
+
+def test_json_errors_are_one_json_line(scratch):
+    code, out, err = scratch.cli("step", "--kernel", "nosuch", "--opt", "x")
+    assert code == 2 and out == {"schema": 1, "command": "step", "ok": False,
+                                 "error": out["error"], "exit_code": 2}
+
+
+@pytest.mark.skipif(_has_gpu(), reason="checks the message on machines without a GPU")
+def test_run_without_a_gpu_says_so_in_one_line(tmp_path):
+    before = (git(ROOT, "status", "--porcelain"), git(ROOT, "branch", "--list"))
+    code, out, err = human(tmp_path, "run", "--kernel", "swiglu")
+    assert code == 3 and out == ""
+    assert_one_line(err, "needs an NVIDIA GPU")
+    assert (git(ROOT, "status", "--porcelain"), git(ROOT, "branch", "--list")) == before

@@ -1,0 +1,125 @@
+"""The decision table, the stop rules and the ranking, as pure functions."""
+
+import pytest
+
+from perfloop import decide
+from perfloop.decide import Outcome
+from perfloop.playbook import SHIPPED, load
+from perfloop.stats import Comparison
+
+RULES = load(SHIPPED).rules
+
+
+def faster(gain: float, halfwidth: float = 0.002, noise: float = 0.001) -> Comparison:
+    ratio = 1 - gain
+    return Comparison(ratio, ratio - halfwidth, ratio + halfwidth, noise)
+
+
+def outcome(head: Comparison, **others: Comparison) -> Outcome:
+    return Outcome(correct=True, comparisons={"head": head, **others}, headline="head")
+
+
+def verdict(o: Outcome, rules=RULES.decision) -> decide.Verdict:
+    return decide.decide(o, rules)
+
+
+def test_correctness_failure_reverts_at_once():
+    v = verdict(Outcome(correct=False))
+    assert (v.status, v.correctness, v.improved) == ("revert", "FAIL", False)
+
+
+def test_crash_is_recorded_as_crash():
+    v = verdict(Outcome(crashed=True))
+    assert v.status == "crash" and not v.improved
+
+
+def test_gain_of_five_percent_or_more_keeps_as_new_incumbent():
+    v = verdict(outcome(faster(0.05)))
+    assert (v.status, v.lower_family, v.stop, v.improved) == ("keep", False, False, True)
+
+
+def test_gain_between_two_and_five_percent_keeps_and_lowers_the_family():
+    v = verdict(outcome(faster(0.03)))
+    assert (v.status, v.lower_family, v.stop) == ("keep", True, False)
+
+
+def test_real_gain_under_two_percent_keeps_then_stops():
+    v = verdict(outcome(faster(0.01)))
+    assert (v.status, v.lower_family, v.stop) == ("keep", False, True)
+
+
+def test_regression_on_any_shape_reverts_even_with_a_headline_gain():
+    v = verdict(outcome(faster(0.10), guard=faster(-0.05)))
+    assert v.status == "revert" and "regression on guard" in v.reason
+
+
+def test_slowdown_within_tolerance_is_not_a_regression():
+    v = verdict(outcome(faster(0.10), guard=faster(-0.005)))
+    assert v.status == "keep"
+
+
+def test_gain_the_measurement_cannot_tell_from_noise_is_no_improvement():
+    wide = Comparison(0.97, 0.94, 1.002, 0.001)      # the interval includes 1
+    assert verdict(outcome(wide)).status == "revert"
+    noisy = faster(0.03, noise=0.04)                  # smaller than the A/A control's noise
+    v = verdict(outcome(noisy))
+    assert v.status == "revert" and "noise" in v.reason and not v.improved
+
+
+def test_faster_than_the_physical_floor_is_not_kept():
+    o = Outcome(correct=True, comparisons={"head": faster(0.3)}, headline="head",
+                below_floor=("head",))
+    v = verdict(o)
+    assert v.status == "revert" and "floor" in v.reason
+
+
+def test_no_improvement_two_iterations_in_a_row_stops():
+    kept = verdict(outcome(faster(0.06)))
+    none = verdict(Outcome(correct=False))
+    stop = RULES.stop
+    assert decide.stop_reason(2, [kept, none], stop, remaining=5) is None
+    assert "2 consecutive" in decide.stop_reason(3, [kept, none, none], stop, remaining=5)
+    assert decide.stop_reason(4, [none, none, kept], stop, remaining=5) is None
+
+
+def test_other_stop_rules():
+    kept = verdict(outcome(faster(0.06)))
+    small = verdict(outcome(faster(0.01)))
+    assert "under 2%" in decide.stop_reason(1, [small], RULES.stop, remaining=5)
+    assert "limit (25)" in decide.stop_reason(25, [kept], RULES.stop, remaining=5)
+    assert decide.stop_reason(24, [kept], RULES.stop, remaining=5) is None
+    assert decide.stop_reason(3, [kept], RULES.stop, remaining=0) == "nothing left to try"
+
+
+def test_changed_thresholds_change_the_decision():
+    from dataclasses import replace
+
+    gain = outcome(faster(0.04))
+    assert verdict(gain).lower_family
+    strict = replace(RULES.decision, keep_gain=0.03)
+    assert not verdict(gain, strict).lower_family          # now a full keep
+    lax = replace(RULES.decision, minor_gain=0.05, keep_gain=0.2)
+    assert verdict(gain, lax).stop                          # now a gain "under minor": stop
+
+
+def test_ranking_follows_class_priority_skips_tried_and_applies_penalties():
+    pb = load(SHIPPED)
+    knobs = {"fast_math": False, "tile": (1, 1024), "occupancy": None, "memory_path": "load_store"}
+    ids = [s.optimization.id for s in decide.rank(pb.optimizations, "memory-bound", knobs, {}, set(), {})]
+    assert ids[:4] == ["fast_math", "memory_path", "tile_shape", "occupancy"]
+    ids = [s.optimization.id for s in decide.rank(pb.optimizations, "memory-bound", knobs, {},
+                                                   {"fast_math"}, {"memory": 10})]
+    assert ids == ["tile_shape", "occupancy", "memory_path"]
+    compute = [s.optimization.id for s in decide.rank(pb.optimizations, "compute-bound", knobs, {}, set(), {})]
+    assert compute[0] == "tile_shape" and "memory_path" not in compute  # not offered there
+
+
+def test_candidates_exclude_the_current_value_and_honour_kernel_overrides():
+    opt = load(SHIPPED).get("occupancy")
+    assert decide.candidates_for(opt, {"occupancy": 4}, {}) == (1, 2, 8, 16)
+    assert decide.candidates_for(opt, {"occupancy": 4}, {"occupancy": (4, 8)}) == (8,)
+
+
+@pytest.mark.parametrize("flops,cls", [(5.0, "memory-bound"), (20.0, "balanced"), (80.0, "compute-bound")])
+def test_classification_by_arithmetic_intensity(flops, cls):
+    assert decide.classify(1.0, flops)[0] == cls

@@ -1,0 +1,145 @@
+"""The whole loop on the scripted test kernel, through the CLI, in scratch repositories."""
+
+import re
+import time
+
+from conftest import git
+
+from perfloop import table
+
+ROW = re.compile(r"^\| \d+ {0,8} \| .{40} \| {0,10}(\d+\.\d{6})? \| (PASS|FAIL) {7} \| "
+                 r"(keep|revert|crash) *\|$")
+GAINS = [{"when": {"fast_math": True}, "factor": {"*": 0.8}},
+         {"when": {"tile": [1, 2048]}, "factor": {"*": 0.97}},
+         {"when": {"occupancy": 8}, "factor": {"head": 0.99}}]
+
+
+def test_table_format_is_exactly_the_seeds():
+    assert table.HEADER.splitlines()[0].split("|")[1:-1] == [
+        " iteration ", f" {'optimization':<40} ", " latency_ms ", " correctness ", " status "]
+    assert table.HEADER.splitlines()[1] == f"|----------:|:{'-' * 41}|-----------:|:------------|-------:|"
+    assert table.format_row(0, "baseline", 0.82, "PASS", "keep") == \
+        f"| 0         | {'baseline':<40} |   0.820000 | PASS        | keep   |\n"
+    assert table.format_row(3, "a|b", None, "FAIL", "crash") == \
+        f"| 3         | {'a/b':<40} |            | FAIL        | crash  |\n"
+
+
+def test_run_applies_one_optimization_per_iteration_and_stops_by_the_rules(scratch):
+    scratch.script(GAINS)
+    scratch.commit_all("script")
+    base = scratch.head()
+    code, out, err = scratch.cli("run", "--kernel", "scripted")
+    assert code == 0, err
+    assert out["ok"] and out["stop_reason"] == "1.00% faster: kept, gain under 2%: stop"
+    assert scratch.branch().startswith("cutile-perf-scripted-")
+    rows = table.read_rows(scratch.path / "sandbox/scripted/perf_results.md")
+    assert [(r[1], r[3], r[4]) for r in rows] == [
+        ("baseline", "PASS", "keep"), ("fast_math: fast_math=true", "PASS", "keep"),
+        ("tile_shape: tile=1x2048", "PASS", "keep"), ("occupancy: occupancy=8", "PASS", "keep")]
+    assert all(ROW.match(line) for line in scratch.table().splitlines()[2:])
+    recs = scratch.records()
+    # one commit per experiment on the branch, each named for its iteration and optimization
+    log = git(scratch.path, "log", "--format=%s", f"{base}..HEAD").splitlines()
+    assert log == ["perfloop: iteration 3: occupancy (occupancy=8)",
+                   "perfloop: iteration 2: tile_shape (tile=1x2048)",
+                   "perfloop: iteration 1: fast_math (fast_math=true)"]
+    assert recs[-1]["commit"] == scratch.head()
+    assert recs[1]["decision"]["gain"] > 0.19 and recs[2]["decision"]["lower_family"]
+    for r in recs:
+        assert git(scratch.path, "rev-parse", r["ref"]) == r["commit"]
+        assert r["timing"]["method"]["rounds"] == 10 and r["phases_s"]["total"] > 0
+        assert set(r["timing"]["shapes"]) == {"head", "guard", "tail"}
+    assert git(scratch.path, "status", "--porcelain") == ""
+
+
+def test_correctness_failure_reverts_and_keeps_the_experiment_reachable(scratch):
+    scratch.add_optimization("inject_wrong", "mode", ["wrong"])
+    scratch.commit_all("catalog")
+    assert scratch.cli("init", "--kernel", "scripted")[0] == 0
+    incumbent = scratch.head()
+    code, out, _ = scratch.cli("step", "--kernel", "scripted", "--opt", "inject_wrong")
+    e = out["experiment"]
+    assert code == 0 and (e["status"], e["correctness"], e["latency_ms"]) == ("revert", "FAIL", None)
+    assert scratch.head() == incumbent                       # the branch is back at the incumbent
+    assert '"mode": "ok"' in (scratch.kernel / "knobs.json").read_text()
+    kept = git(scratch.path, "show", f"{e['ref']}:kernels/scripted/knobs.json")
+    assert '"mode": "wrong"' in kept and git(scratch.path, "rev-parse", e["ref"]) == e["commit"]
+    assert scratch.table().splitlines()[-1].split("|")[3:6] == [" " * 12, " FAIL        ", " revert "]
+
+
+def test_a_crash_is_recorded_and_the_loop_goes_on(scratch):
+    scratch.script(GAINS[:1])
+    scratch.add_optimization("inject_crash", "mode", ["crash-timing"])
+    scratch.commit_all("catalog")
+    code, out, err = scratch.cli("run", "--kernel", "scripted")
+    rows = table.read_rows(scratch.path / "sandbox/scripted/perf_results.md")
+    assert rows[1][1:] == ["inject_crash: mode=crash-timing", "", "PASS", "crash"]
+    assert rows[2][1] == "fast_math: fast_math=true" and rows[2][4] == "keep"
+    assert "SIGSEGV" in scratch.records()[1]["decision"]["reason"]
+    assert code == 0, err
+
+
+def test_a_hang_past_the_time_limit_is_killed_and_recorded_as_crash(scratch):
+    scratch.rules(iteration_timeout_s="6")
+    scratch.add_optimization("inject_hang", "mode", ["hang-timing"])
+    scratch.commit_all("catalog")
+    assert scratch.cli("init", "--kernel", "scripted")[0] == 0
+    started = time.monotonic()
+    code, out, _ = scratch.cli("step", "--kernel", "scripted", "--opt", "inject_hang")
+    assert code == 0 and out["experiment"]["status"] == "crash"
+    assert "time limit" in out["experiment"]["reason"]
+    assert time.monotonic() - started < 30
+    assert out["experiment"]["correctness"] == "PASS"
+
+
+def test_a_threshold_changed_in_the_playbook_changes_the_decision(tmp_path):
+    from conftest import Scratch
+
+    outcomes = {}
+    for keep_gain in ("0.05", "0.02"):
+        repo = Scratch(tmp_path / keep_gain)
+        repo.script([{"when": {"fast_math": True}, "factor": {"*": 0.97}}])   # a 3% gain
+        repo.rules(keep_gain=keep_gain, minor_gain="0.01")
+        repo.commit_all("rules")
+        repo.cli("init", "--kernel", "scripted")
+        code, out, _ = repo.cli("step", "--kernel", "scripted", "--opt", "fast_math")
+        outcomes[keep_gain] = out["experiment"]["reason"]
+    assert outcomes["0.05"].endswith("kept, family priority lowered")
+    assert outcomes["0.02"].endswith("new incumbent")
+
+
+def test_refuses_to_start_on_uncommitted_changes_to_tracked_files(scratch):
+    (scratch.path / "README.md").write_text("edited by the user\n")
+    before = scratch.snapshot()
+    code, out, _ = scratch.cli("init", "--kernel", "scripted")
+    assert code == 2 and "uncommitted changes to tracked files (README.md)" in out["error"]
+    assert scratch.snapshot() == before and scratch.branch() == "main"
+    assert (scratch.path / "README.md").read_text() == "edited by the user\n"
+
+
+def test_agent_edits_are_judged_and_edits_elsewhere_refused_untouched(scratch):
+    scratch.script(GAINS[:1])
+    scratch.commit_all("script")
+    assert scratch.cli("init", "--kernel", "scripted")[0] == 0
+    knobs = scratch.kernel / "knobs.json"
+    knobs.write_text(knobs.read_text().replace('"fast_math": false', '"fast_math": true'))
+    (scratch.path / "README.md").write_text("agent wandered off\n")
+    before = scratch.snapshot()
+    code, out, _ = scratch.cli("step", "--kernel", "scripted", "--describe", "fast math by hand")
+    assert code == 2 and "outside the kernel folder" in out["error"] and "README.md" in out["error"]
+    assert scratch.snapshot() == before
+    assert '"fast_math": true' in knobs.read_text()           # the agent's edit is still there
+    git(scratch.path, "checkout", "README.md")
+    code, out, _ = scratch.cli("step", "--kernel", "scripted", "--describe", "fast math by hand")
+    assert code == 0 and out["experiment"]["status"] == "keep"
+    assert git(scratch.path, "log", "-1", "--format=%s") == \
+        "perfloop: iteration 1: agent edit: fast math by hand"
+    assert scratch.table().splitlines()[-1].startswith(f"| 1         | {'fast math by hand':<40} |")
+
+
+def test_playbook_step_refuses_uncommitted_edits_inside_the_folder(scratch):
+    assert scratch.cli("init", "--kernel", "scripted")[0] == 0
+    (scratch.kernel / "notes.txt").write_text("scratch\n")
+    code, out, _ = scratch.cli("step", "--kernel", "scripted", "--opt", "fast_math")
+    assert code == 2 and "--describe" in out["error"]
+    assert (scratch.kernel / "notes.txt").exists()

@@ -1,0 +1,70 @@
+"""kill -9 in the middle of an iteration, at every phase, then `perfloop run --resume`."""
+
+import json
+
+import pytest
+from conftest import git
+from test_loop import GAINS, ROW
+
+from perfloop import table
+
+PHASES = ["started", "correctness", "timing", "commit", "record", "git", "table"]
+
+
+def assert_consistent(scratch, iterations: int):
+    state = json.loads((scratch.path / "sandbox/scripted/state.json").read_text())
+    recs = scratch.records()
+    rows = table.read_rows(scratch.path / "sandbox/scripted/perf_results.md")
+    assert state["in_flight"] is None
+    assert [r["iteration"] for r in recs] == list(range(iterations))     # each exactly once
+    assert [int(r[0]) for r in rows] == list(range(iterations))          # no half or extra row
+    assert all(ROW.match(line) for line in scratch.table().splitlines()[2:])
+    assert scratch.branch() == state["branch"] and scratch.head() == state["incumbent"]
+    assert git(scratch.path, "status", "--porcelain") == ""
+    return state, recs
+
+
+@pytest.mark.parametrize("phase", PHASES)
+def test_resume_after_kill_at_each_phase(scratch, phase):
+    scratch.script(GAINS)
+    scratch.commit_all("script")
+    assert scratch.cli("init", "--kernel", "scripted")[0] == 0
+    code, _, _ = scratch.cli("step", "--kernel", "scripted", "--opt", "fast_math",
+                             env={"PERFLOOP_CRASH_AT": f"{phase}@1"})
+    assert code == -9
+    refused, out, _ = scratch.cli("step", "--kernel", "scripted", "--opt", "tile_shape")
+    assert refused == 2 and "--resume" in out["error"]
+    code, out, err = scratch.cli("run", "--kernel", "scripted", "--resume", "--max-iterations", "0")
+    assert code == 0, err
+    state, recs = assert_consistent(scratch, 2)
+    assert recs[1]["optimization"] == "fast_math" and recs[1]["status"] == "keep"
+    assert '"fast_math": true' in (scratch.kernel / "knobs.json").read_text()
+    abandoned = git(scratch.path, "for-each-ref", "--format=%(refname)",
+                    f"refs/perfloop/{state['branch']}/abandoned-01")
+    assert bool(abandoned) == (phase == "commit")   # a commit made but never recorded is kept aside
+
+
+def test_resume_after_kill_during_the_baseline(scratch):
+    code, _, _ = scratch.cli("init", "--kernel", "scripted", env={"PERFLOOP_CRASH_AT": "timing@0"})
+    assert code == -9
+    code, out, err = scratch.cli("run", "--kernel", "scripted", "--resume", "--max-iterations", "0")
+    assert code == 0, err
+    assert_consistent(scratch, 1)
+
+
+def test_an_interrupted_run_resumed_ends_where_an_uninterrupted_one_does(scratch):
+    scratch.script(GAINS)
+    scratch.commit_all("script")
+    code, _, _ = scratch.cli("run", "--kernel", "scripted", env={"PERFLOOP_CRASH_AT": "record@2"})
+    assert code == -9
+    code, out, err = scratch.cli("run", "--kernel", "scripted", "--resume")
+    assert code == 0, err
+    _, recs = assert_consistent(scratch, 4)
+    assert [r["optimization"] for r in recs] == ["baseline", "fast_math", "tile_shape", "occupancy"]
+    assert out["stop_reason"].endswith("stop")
+
+
+def test_resume_with_nothing_interrupted_says_so(scratch):
+    assert scratch.cli("init", "--kernel", "scripted")[0] == 0
+    code, out, _ = scratch.cli("step", "--kernel", "scripted", "--resume")
+    assert code == 2 and "nothing to resume" in out["error"]
