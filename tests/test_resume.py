@@ -68,3 +68,52 @@ def test_resume_with_nothing_interrupted_says_so(scratch):
     assert scratch.cli("init", "--kernel", "scripted")[0] == 0
     code, out, _ = scratch.cli("step", "--kernel", "scripted", "--resume")
     assert code == 2 and "nothing to resume" in out["error"]
+
+
+def test_an_agent_edit_interrupted_while_judged_is_redone_on_resume(scratch):
+    scratch.script(GAINS)
+    scratch.commit_all("script")
+    assert scratch.cli("init", "--kernel", "scripted")[0] == 0
+    knobs = scratch.kernel / "knobs.json"
+    knobs.write_text(knobs.read_text().replace('"fast_math": false', '"fast_math": true'))
+    code, _, _ = scratch.cli("step", "--kernel", "scripted", "--describe", "fast math by hand",
+                             env={"PERFLOOP_CRASH_AT": "timing@1"})
+    assert code == -9
+    code, out, err = scratch.cli("step", "--kernel", "scripted", "--resume")
+    assert code == 0, err
+    _, recs = assert_consistent(scratch, 2)
+    assert (recs[1]["kind"], recs[1]["describe"], recs[1]["status"]) == \
+        ("agent", "fast math by hand", "keep")
+    assert '"fast_math": true' in knobs.read_text()
+
+
+def test_ctrl_c_stops_the_run_and_resume_goes_on(scratch):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import ROOT
+
+    scratch.script(GAINS)
+    scratch.commit_all("script")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SCRIPTED_DELAY_S": "0.002"}
+    proc = subprocess.Popen([sys.executable, "-m", "perfloop", "run", "--kernel", "scripted"],
+                            cwd=scratch.path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    spec = scratch.path / "sandbox/scripted/work/iter-01-timing-spec.json"
+    deadline = time.monotonic() + 60
+    while not spec.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)                       # the timing child is running now
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "--resume" in err
+    state = json.loads((scratch.path / "sandbox/scripted/state.json").read_text())
+    assert state["stopped"].startswith("interrupted") and state["in_flight"] is None
+    assert_consistent(scratch, 1)
+    code, out, err = scratch.cli("run", "--kernel", "scripted", "--resume")
+    assert code == 0, err
+    _, recs = assert_consistent(scratch, 4)
+    assert recs[1]["optimization"] == "fast_math"

@@ -1,7 +1,8 @@
 """A test-only kernel: it doubles a list, and its 'latency' is scripted in script.json.
 
 Knob "mode" injects faults: "wrong" (triples instead), "crash"/"hang" (in any phase), or
-"crash-timing"/"hang-timing"/"crash-correctness"/... for one phase only.
+"crash-timing"/"hang-timing"/"crash-correctness"/... for one phase only. SCRIPTED_DELAY_S
+slows every timed launch down, so a test can interrupt a timing in progress.
 """
 
 import itertools
@@ -41,6 +42,7 @@ def latency(knobs: dict, shape: str, n: int) -> float:
 def build(knobs: dict):
     mode = knobs.get("mode", "ok")
     phase = os.environ.get("PERFLOOP_PHASE", "")
+    delay = float(os.environ.get("SCRIPTED_DELAY_S", "0")) if phase == "timing" else 0.0
     counter = itertools.count()
 
     def launch(inputs, out):
@@ -48,6 +50,7 @@ def build(knobs: dict):
             os.kill(os.getpid(), signal.SIGSEGV)
         if mode in ("hang", f"hang-{phase}"):
             time.sleep(3600)
+        time.sleep(delay)
         shape, values = inputs
         out[:] = [v * (3 if mode == "wrong" else 2) for v in values]
         return latency(knobs, shape, next(counter))
