@@ -27,7 +27,8 @@ def start(s: Session, new: bool = False) -> dict:
             raise UserError(f"a run of '{s.spec.name}' is in progress on branch "
                             f"{existing.branch}; continue it with `perfloop run --resume`, or "
                             "pass --new to archive it and start over")
-        archive = s.sandbox.parent / "_archive" / s.spec.name / f"{existing.branch}-{int(existing.started_at)}"
+        archive = (s.sandbox.parent / "_archive" / s.spec.name /
+                   f"{existing.branch}-{int(existing.started_at)}")
         archive.parent.mkdir(parents=True, exist_ok=True)
         shutil.move(str(s.sandbox), archive)
     s.ensure_sandbox_ignored()

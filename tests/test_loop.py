@@ -143,3 +143,16 @@ def test_playbook_step_refuses_uncommitted_edits_inside_the_folder(scratch):
     code, out, _ = scratch.cli("step", "--kernel", "scripted", "--opt", "fast_math")
     assert code == 2 and "--describe" in out["error"]
     assert (scratch.kernel / "notes.txt").exists()
+
+
+def test_a_second_run_gets_a_suffixed_branch_and_the_first_is_archived(scratch):
+    assert scratch.cli("init", "--kernel", "scripted")[0] == 0
+    first = scratch.branch()
+    code, out, _ = scratch.cli("init", "--kernel", "scripted")
+    assert code == 2 and "in progress" in out["error"] and "--new" in out["error"]
+    git(scratch.path, "checkout", "-q", "main")
+    code, out, _ = scratch.cli("init", "--kernel", "scripted", "--new")
+    assert code == 0 and out["status"]["branch"] == f"{first}-2" == scratch.branch()
+    archived = list((scratch.path / "sandbox/_archive/scripted").glob("*/perf_results.md"))
+    assert len(archived) == 1 and first in archived[0].parent.name
+    assert len(table.read_rows(scratch.path / "sandbox/scripted/perf_results.md")) == 1
