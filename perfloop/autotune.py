@@ -10,8 +10,8 @@
   Entries are written atomically.
 - For kernels that write their inputs, pass search_args_fn with separate output buffers: the
   search then never corrupts the caller's data.
-- DISABLE_AUTOTUNE=1 (or PERFLOOP_DISABLE_AUTOTUNE=1) skips every search and launches the fixed
-  config.
+- DISABLE_AUTOTUNE=1 (or PERFLOOP_DISABLE_AUTOTUNE=1), set when a tuner is made, skips every
+  search and launches the fixed config.
 """
 
 from __future__ import annotations
@@ -128,6 +128,8 @@ class Autotuner:
         self.space = prepare_space(space, fixed)
         self.fixed = self.space[0]
         self.source = source
+        self._memo = (name, hashlib.sha256(source).hexdigest())  # once, not per launch
+        self.disabled = disabled()  # read when the tuner is made, not on every launch
         self.cache = cache or DiskCache()
         self._search, self._launch = search, launch
         self._identify = identify or (lambda key: identity(name, source, key, self.space))
@@ -152,10 +154,10 @@ class Autotuner:
     def launch(self, stream, key, grid_fn: Callable[[dict], tuple], args_fn: Callable[[dict], tuple],
                search_args_fn: Callable[[dict], tuple] | None = None) -> dict:
         """Launch with the best config for `key` (what decides it: shapes, dtypes, device)."""
-        if disabled():
+        if self.disabled:
             config, kern = self.fixed, self.kernel_for(self.fixed)
         else:
-            memo = (self.name, hashlib.sha256(self.source).hexdigest(), key)
+            memo = (*self._memo, key)
             entry = _memory.get(memo)
             if entry is None:
                 config = self._tune(stream, key, grid_fn, search_args_fn or args_fn)

@@ -100,10 +100,12 @@ def test_tuned_launch_is_not_slower_than_the_fixed_one_beyond_noise(fresh_cache)
     out = module.empty_output(inputs)
     tuned, fixed = module.build(knobs), module.build({**knobs, "autotune": False})
     tuned(inputs, out)  # the search happens here, outside the timing
-    timed = measure.alternating(measure.CudaClock(), {"fixed": lambda: fixed(inputs, out),
+    run_fixed = lambda: fixed(inputs, out)  # noqa: E731
+    timed = measure.alternating(measure.CudaClock(), {"fixed": run_fixed, "fixed-again": run_fixed,
                                                        "tuned": lambda: tuned(inputs, out)},
                                 load(SHIPPED).rules.measure)
     medians = {k: [sorted(r)[len(r) // 2] for r in v] for k, v in timed.rounds.items()}
     c = stats.compare(medians["fixed"], medians["tuned"])
-    print(f"tuned/fixed {c.ratio:.4f} [{c.ci_low:.4f}, {c.ci_high:.4f}] noise {c.noise:.4%}")
-    assert c.ci_low <= 1.0 or c.ratio - 1 <= max(c.noise, 0.01)
+    noise = stats.noise_of(stats.compare(medians["fixed"], medians["fixed-again"]))
+    print(f"tuned/fixed {c.ratio:.4f} [{c.ci_low:.4f}, {c.ci_high:.4f}], A/A noise {noise:.4%}")
+    assert c.ci_low <= 1.0 or c.ratio - 1 <= max(noise, 0.01)
