@@ -11,21 +11,29 @@ from perfloop.atomic import write_json
 from perfloop.measure import CudaClock
 
 
+COPY_BYTES, MATMUL_N = 1 << 30, 8192
+
+
+def _median_ms(clock: CudaClock, fn, reps: int) -> float:
+    clock.time_batch(fn, 3)
+    return statistics.median(clock.time_batch(fn, reps))
+
+
+def _copy_ms(clock: CudaClock) -> float:
+    src = clock.torch.empty(COPY_BYTES, dtype=clock.torch.uint8, device="cuda")
+    dst = clock.torch.empty_like(src)
+    return _median_ms(clock, lambda: dst.copy_(src), 20)
+
+
+def _matmul_ms(clock: CudaClock) -> float:
+    a = clock.torch.randn(MATMUL_N, MATMUL_N, dtype=clock.torch.bfloat16, device="cuda")
+    b = clock.torch.randn_like(a)
+    return _median_ms(clock, lambda: a @ b, 10)
+
+
 def _measure(clock: CudaClock) -> dict:
-    torch = clock.torch
-    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    copy = lambda: dst.copy_(src)  # noqa: E731
-    clock.time_batch(copy, 3)
-    copy_ms = statistics.median(clock.time_batch(copy, 20))
-    del src, dst
-    n = 8192
-    a = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
-    b = torch.randn_like(a)
-    mm = lambda: a @ b  # noqa: E731
-    clock.time_batch(mm, 3)
-    mm_ms = statistics.median(clock.time_batch(mm, 10))
-    return {"copy_gbps": 2 * (1 << 30) / copy_ms / 1e6, "copy_ms": copy_ms,
+    copy_ms, mm_ms, n = _copy_ms(clock), _matmul_ms(clock), MATMUL_N
+    return {"copy_gbps": 2 * COPY_BYTES / copy_ms / 1e6, "copy_ms": copy_ms,
             "bf16_tflops": 2 * n**3 / mm_ms / 1e9, "matmul_ms": mm_ms,
             "method": "median of CUDA-event times, L2 flushed: 1 GiB copy_, 8192^3 bf16 matmul"}
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import git
 
 from perfloop.errors import UserError
+from perfloop.faults import crashpoint
 
 REF_PREFIX = "refs/perfloop"
 
@@ -35,11 +36,9 @@ def find_repo(path: Path) -> git.Repo:
 def open_repo(path: Path) -> git.Repo:
     """The repository holding `path`, which must have a commit to branch from."""
     repo = find_repo(path)
-    try:
-        repo.head.commit
-    except ValueError:
+    if not repo.head.is_valid():
         raise UserError(f"the repository at {repo.working_tree_dir} has no commits yet; "
-                        "commit the kernel first") from None
+                        "commit the kernel first")
     return repo
 
 
@@ -128,7 +127,9 @@ def commit_folder(repo: git.Repo, folder_rel: str, message: str) -> str:
     repo.git.add("-A", "--", folder_rel)
     env = {**os.environ, **_identity_env(repo)}
     repo.git.commit("--no-verify", "-m", message, "--", folder_rel, env=env)
-    return head(repo)
+    sha = head(repo)
+    crashpoint("committed")  # a kill right after a commit, before anyone recorded it
+    return sha
 
 
 def set_ref(repo: git.Repo, name: str, sha: str) -> None:

@@ -13,8 +13,9 @@ import time
 from dataclasses import asdict, dataclass
 
 from perfloop import decide, gitops, phases, records, table
-from perfloop.playbook import Optimization, thaw
-from perfloop.session import Session, crashpoint
+from perfloop.playbook import Optimization, freeze, thaw
+from perfloop.faults import crashpoint
+from perfloop.session import Session
 from perfloop.stats import Comparison
 
 BASELINE, PLAYBOOK, AGENT = "baseline", "playbook", "agent"
@@ -44,12 +45,12 @@ def label_for(value_index: int) -> str:
     return f"candidate-{value_index}"
 
 
-def _row_name(proposal: Proposal, record: dict) -> str:
-    if proposal.kind == BASELINE:
+def _row_name(record: dict) -> str:
+    if record["kind"] == BASELINE:
         return "baseline"
-    if proposal.kind == AGENT:
-        return proposal.describe
-    return f"{proposal.optimization.id}: {proposal.optimization.knob}={_show(record['value'])}"
+    if record["kind"] == AGENT:
+        return record["describe"]
+    return f"{record['optimization']}: {record['knob']}={_show(record['value'])}"
 
 
 def _show(value) -> str:
@@ -91,12 +92,13 @@ def run(s: Session, proposal: Proposal) -> dict:
     phase_s: dict[str, float] = {}
     state.in_flight = {"iteration": iteration, **proposal.to_json(), "commit": None,
                        "started_at": started}
+    s.save_state()
     if proposal.kind == AGENT:
         t = time.monotonic()
         state.in_flight["commit"] = gitops.commit_folder(
             s.repo, s.folder_rel, f"perfloop: iteration {iteration}: agent edit: {proposal.describe}")
         phase_s["commit"] = phases.elapsed(t)
-    s.save_state()
+        s.save_state()
     crashpoint("started", iteration)
 
     s.work.mkdir(parents=True, exist_ok=True)
@@ -222,9 +224,9 @@ def finish(s: Session, record: dict) -> None:
     crashpoint("git", iteration)
     rows = table.read_rows(s.table_path)
     if len(rows) == iteration:
-        proposal_name = _row_name(_proposal_of(s, record), record)
         table.append_row(s.table_path, table.format_row(
-            iteration, proposal_name, record["latency_ms"], record["correctness"], record["status"]))
+            iteration, _row_name(record), record["latency_ms"], record["correctness"],
+            record["status"]))
     crashpoint("table", iteration)
     state.in_flight = None
     state.stopped = _stop_after(s, record)
@@ -234,12 +236,6 @@ def finish(s: Session, record: dict) -> None:
 def _classify(s: Session, record: dict) -> None:
     shape = record["timing"]["shapes"][s.spec.headline.name]
     s.state.kernel_class, s.state.intensity = decide.classify(shape["bytes"], shape["flops"])
-
-
-def _proposal_of(s: Session, record: dict) -> Proposal:
-    if record["kind"] == PLAYBOOK:
-        return Proposal(PLAYBOOK, s.playbook.get(record["optimization"]))
-    return Proposal(record["kind"], describe=record.get("describe", ""))
 
 
 def verdicts(recs: list[dict]) -> list[decide.Verdict]:
@@ -271,10 +267,12 @@ def recover(s: Session) -> Proposal | None:
         return None
     # not recorded: set the experiment aside and redo it
     proposal = _proposal_from_flight(s, flight)
-    commit = flight.get("commit")
+    head = gitops.head(s.repo)
+    # a commit made just before a kill may not be in the marker yet: it is then HEAD
+    commit = flight.get("commit") or (head if head != state.incumbent else None)
     if commit and commit != state.incumbent:
         gitops.set_ref(s.repo, s.ref_name(flight["iteration"], "abandoned"), commit)
-    if gitops.head(s.repo) != state.incumbent:
+    if head != state.incumbent:
         gitops.move_branch_to(s.repo, state.incumbent, s.folder_rel)
     if proposal.kind == AGENT and commit:
         # put the agent's edits back as uncommitted changes, as they were before the step
@@ -288,8 +286,6 @@ def recover(s: Session) -> Proposal | None:
 
 def _proposal_from_flight(s: Session, flight: dict) -> Proposal:
     if flight["kind"] == PLAYBOOK:
-        from perfloop.playbook import _freeze
-
         return Proposal(PLAYBOOK, s.playbook.get(flight["optimization"]),
-                        tuple(_freeze(v) for v in flight["values"]))
+                        tuple(freeze(v) for v in flight["values"]))
     return Proposal(flight["kind"], describe=flight.get("describe", ""))

@@ -16,12 +16,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 from perfloop.errors import UserError
-from perfloop.playbook import _freeze, thaw
+from perfloop.playbook import freeze, read_toml, thaw
 
 SHIPPED = Path(__file__).resolve().parent.parent / "kernels"
 MANIFEST, KNOBS, MODULE = "kernel.toml", "knobs.json", "kernel.py"
@@ -78,7 +77,7 @@ def read_knobs(path: Path) -> dict:
         raise UserError(f"{path} is not valid JSON: {exc}") from None
     if not isinstance(raw, dict):
         raise UserError(f"{path} must hold a JSON object of knob names to values")
-    return {k: _freeze(v) for k, v in raw.items()}
+    return {k: freeze(v) for k, v in raw.items()}
 
 
 def find_folder(arg: str, repo_root: Path | None) -> Path:
@@ -100,15 +99,10 @@ def find_folder(arg: str, repo_root: Path | None) -> Path:
 
 def load_spec(folder: Path, repo_root: Path) -> KernelSpec:
     manifest_path = folder / MANIFEST
-    try:
-        manifest = tomllib.loads(manifest_path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UserError(f"{folder} is not a kernel folder: it has no {MANIFEST}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise UserError(f"{manifest_path} is not valid TOML: {exc}") from None
-    for needed in (MODULE, KNOBS):
+    for needed in (MANIFEST, MODULE, KNOBS):
         if not (folder / needed).is_file():
             raise UserError(f"{folder} is not a kernel folder: it has no {needed}")
+    manifest = read_toml(manifest_path)
     try:
         shapes = tuple(Shape(s["name"], tuple(int(d) for d in s["dims"]), s["dtype"],
                              bool(s.get("headline", False))) for s in manifest["shapes"])
@@ -124,7 +118,7 @@ def load_spec(folder: Path, repo_root: Path) -> KernelSpec:
     if folder in judge.parents:
         raise UserError(f"{manifest_path}: the judge must live outside the kernel folder, "
                         "since the loop may change everything inside it")
-    candidates = {k: tuple(_freeze(v) for v in vals)
+    candidates = {k: tuple(freeze(v) for v in vals)
                   for k, vals in manifest.get("candidates", {}).items()}
     return KernelSpec(name, folder, judge, shapes, candidates,
                       bool(manifest.get("requires_gpu", True)))

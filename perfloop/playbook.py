@@ -85,7 +85,7 @@ def resolve_dir(explicit: str | None, repo_root: Path | None) -> Path:
     return SHIPPED
 
 
-def _read(path: Path) -> dict:
+def read_toml(path: Path) -> dict:
     try:
         return tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -106,7 +106,7 @@ def _optimization(raw: dict, path: Path) -> Optimization:
     try:
         opt = Optimization(
             id=raw["id"], title=raw["title"], family=raw["family"], knob=raw["knob"],
-            values=tuple(_freeze(v) for v in raw["values"]),
+            values=tuple(freeze(v) for v in raw["values"]),
             applies_to=tuple(raw["applies_to"]), priority=dict(raw["priority"]),
             why=raw.get("why", ""),
         )
@@ -119,21 +119,21 @@ def _optimization(raw: dict, path: Path) -> Optimization:
     return opt
 
 
-def _freeze(value):
-    """TOML arrays become tuples so knob values can be compared and hashed."""
-    return tuple(_freeze(v) for v in value) if isinstance(value, list) else value
+def freeze(value):
+    """JSON and TOML arrays become tuples, so knob values can be compared and hashed."""
+    return tuple(freeze(v) for v in value) if isinstance(value, list) else value
 
 
 def thaw(value):
-    """The inverse of _freeze, for JSON."""
+    """The inverse of freeze, for JSON."""
     return [thaw(v) for v in value] if isinstance(value, tuple) else value
 
 
 def load(directory: Path) -> Playbook:
     catalog_path = directory / "catalog.toml"
     rules_path = directory / "rules.toml"
-    catalog = _read(catalog_path)
-    rules = _read(rules_path)
+    catalog = read_toml(catalog_path)
+    rules = read_toml(rules_path)
     opts = tuple(_optimization(raw, catalog_path) for raw in catalog.get("optimization", []))
     ids = [o.id for o in opts]
     if len(set(ids)) != len(ids):
@@ -146,5 +146,5 @@ def load(directory: Path) -> Playbook:
         measure=_section(rules, "measure", Measure, rules_path),
     )
     autotune_path = directory / "autotune.toml"
-    autotune = _read(autotune_path) if autotune_path.exists() else {}
+    autotune = read_toml(autotune_path) if autotune_path.exists() else {}
     return Playbook(path=directory, optimizations=opts, rules=parsed, autotune=autotune)

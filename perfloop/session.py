@@ -4,9 +4,7 @@ the user's work before anything is written."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -33,13 +31,6 @@ class State:
     in_flight: dict | None = None
     started_at: float = field(default_factory=time.time)
     schema: int = STATE_SCHEMA
-
-
-def crashpoint(name: str, iteration: int) -> None:
-    """Fault injection for the resume tests: PERFLOOP_CRASH_AT=phase or phase@iteration."""
-    want = os.environ.get("PERFLOOP_CRASH_AT")
-    if want and want in (name, f"{name}@{iteration}"):
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def require_gpu() -> None:
@@ -77,12 +68,16 @@ class Session:
     # ---- state and records -------------------------------------------------------------
     @property
     def state(self) -> State:
+        """The run's state; a clear error when this kernel has no run yet."""
         if self._state is None:
             self._state = self.load_state()
             if self._state is None:
                 raise UserError(f"no run of '{self.spec.name}' yet: start one with "
                                 f"`perfloop init --kernel {self.spec.name}` or `perfloop run`")
         return self._state
+
+    def require_run(self) -> State:
+        return self.state
 
     def load_state(self) -> State | None:
         if not self.state_path.exists():

@@ -15,7 +15,7 @@ from perfloop import ceilings, envinfo, measure
 from perfloop.atomic import write_json
 from perfloop.correctness import module_for
 from perfloop.kernel import Shape
-from perfloop.playbook import Measure, _freeze
+from perfloop.playbook import Measure, freeze
 
 
 def _launcher(module, variant: dict):
@@ -25,7 +25,16 @@ def _launcher(module, variant: dict):
 
         fn = module.reference if variant["torch"] == "eager" else torch.compile(module.reference)
         return lambda inputs, out: fn(*inputs)
-    return module.build({k: _freeze(x) for k, x in variant["knobs"].items()})
+    return module.build({k: freeze(x) for k, x in variant["knobs"].items()})
+
+
+def _time_shape(module, clock, launch: dict, shape: Shape, settings: Measure, seed: int,
+                device: str) -> measure.Rounds:
+    """All variants on one shape's inputs, which are the same for every variant."""
+    inputs = module.make_inputs(shape, seed, device)
+    out = module.empty_output(inputs)
+    bound = {label: (lambda f=f: f(inputs, out)) for label, f in launch.items()}
+    return measure.alternating(clock, bound, settings)
 
 
 def main(spec_path: str) -> int:
@@ -41,20 +50,14 @@ def main(spec_path: str) -> int:
     env = envinfo.capture(gpu)
     ceiling = ceilings.get(Path(spec["ceilings_cache"]), env, clock) if gpu else None
     result = {"environment": env, "ceilings": ceiling, "shapes": {}}
-    reps = None
     for raw in spec["shapes"]:
         shape = Shape.from_dict(raw)
-        inputs = first.make_inputs(shape, spec.get("seed", 0), device)
-        out = first.empty_output(inputs)
-        bound = {label: (lambda f=f: f(inputs, out)) for label, f in launch.items()}
-        timed = measure.alternating(clock, bound, settings)
-        reps = timed.reps
+        timed = _time_shape(first, clock, launch, shape, settings, spec.get("seed", 0), device)
         bytes_moved, flops = first.traffic(shape)
         floor = ceilings.floor_ms(bytes_moved, flops, ceiling) if ceiling else None
         result["shapes"][shape.name] = {"bytes": bytes_moved, "flops": flops, "floor_ms": floor,
                                         "reps": timed.reps, "rounds": timed.rounds}
-        del inputs, out, bound
-    result["method"] = measure.method(clock, settings, reps)
+    result["method"] = measure.method(clock, settings, timed.reps)
     write_json(Path(spec["out"]), result)
     return 0
 

@@ -117,3 +117,25 @@ def test_ctrl_c_stops_the_run_and_resume_goes_on(scratch):
     assert code == 0, err
     _, recs = assert_consistent(scratch, 4)
     assert recs[1]["optimization"] == "fast_math"
+
+
+@pytest.mark.parametrize("kind", ["agent", "playbook"])
+def test_kill_right_after_a_commit_before_the_marker_knows_it(scratch, kind):
+    scratch.script(GAINS)
+    scratch.commit_all("script")
+    assert scratch.cli("init", "--kernel", "scripted")[0] == 0
+    if kind == "agent":
+        knobs = scratch.kernel / "knobs.json"
+        knobs.write_text(knobs.read_text().replace('"fast_math": false', '"fast_math": true'))
+        args = ["--describe", "fast math by hand"]
+    else:
+        args = ["--opt", "fast_math"]
+    code, _, _ = scratch.cli("step", "--kernel", "scripted", *args,
+                             env={"PERFLOOP_CRASH_AT": "committed"})
+    assert code == -9
+    code, out, err = scratch.cli("step", "--kernel", "scripted", "--resume")
+    assert code == 0, err
+    state, recs = assert_consistent(scratch, 2)
+    assert (recs[1]["kind"], recs[1]["status"]) == (kind, "keep")
+    assert git(scratch.path, "for-each-ref", "--format=%(refname)",
+               f"refs/perfloop/{state['branch']}/abandoned-01")

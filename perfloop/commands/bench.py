@@ -1,6 +1,6 @@
 import time
 
-from perfloop import phases, views
+from perfloop import phases
 from perfloop.atomic import write_json
 from perfloop.session import Session, require_gpu
 

@@ -1,4 +1,3 @@
-from perfloop import views
 from perfloop.playbook import thaw
 from perfloop.session import Session
 from perfloop.suggest import suggestions

@@ -29,7 +29,7 @@ def _shape_latencies(record):
 
 def execute(args):
     s = Session(args.kernel, args.playbook)
-    s.state
+    s.require_run()
     recs = s.records()
     if not recs:
         return {"kernel": s.spec.name, "experiments": 0, "rows": []}

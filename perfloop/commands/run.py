@@ -32,7 +32,7 @@ def execute(args):
             print(views.experiment_line(e), flush=True)
 
     if args.resume:
-        s.state  # a clear error when there is no run to resume
+        s.require_run()
         redone = loop.resume(s)
     else:
         redone = loop.start(s, new=args.new)

@@ -13,7 +13,7 @@ def add_arguments(p):
 
 def execute(args):
     s = Session(args.kernel, args.playbook)
-    s.state
+    s.require_run()
     return views.status(s)
 
 

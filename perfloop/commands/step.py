@@ -3,7 +3,7 @@ import json
 from perfloop import decide, iteration, loop, views
 from perfloop.errors import UserError
 from perfloop.iteration import AGENT, PLAYBOOK, Proposal
-from perfloop.playbook import _freeze, thaw
+from perfloop.playbook import freeze, thaw
 from perfloop.session import Session, require_gpu
 from perfloop.suggest import suggestions
 
@@ -29,7 +29,7 @@ def add_arguments(p):
 
 def _parse_value(text: str):
     try:
-        return _freeze(json.loads(text))
+        return freeze(json.loads(text))
     except json.JSONDecodeError:
         return text
 
@@ -59,7 +59,7 @@ def execute(args):
     if args.value is not None and not args.opt:
         raise UserError("--value goes with --opt")
     s = Session(args.kernel, args.playbook)
-    s.state  # a run must exist
+    s.require_run()
     if args.resume:
         if s.spec.requires_gpu:
             require_gpu()

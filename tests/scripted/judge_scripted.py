@@ -6,7 +6,7 @@ import pytest
 
 from perfloop.correctness import log_case, module_for, requested_variants
 from perfloop.kernel import Shape
-from perfloop.playbook import _freeze
+from perfloop.playbook import freeze
 
 HERE = Path(__file__).resolve().parent
 DEFAULT = [{"label": "committed", "folder": str(HERE.parent / "kernels" / "scripted"), "knobs": {}}]
@@ -16,7 +16,7 @@ DEFAULT = [{"label": "committed", "folder": str(HERE.parent / "kernels" / "scrip
 @pytest.mark.parametrize("n", [1, 5, 1000])
 def test_doubles(variant, n):
     module = module_for(variant["folder"])
-    launch = module.build({k: _freeze(v) for k, v in variant["knobs"].items()})
+    launch = module.build({k: freeze(v) for k, v in variant["knobs"].items()})
     inputs = module.make_inputs(Shape("case", (n,), "float32"), 0, "cpu")
     out = module.empty_output(inputs)
     launch(inputs, out)
