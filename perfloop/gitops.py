@@ -42,6 +42,14 @@ def open_repo(path: Path) -> git.Repo:
     return repo
 
 
+def cwd_root() -> Path | None:
+    """The repository the user is in, if any: where kernel names are looked up first."""
+    try:
+        return root(git.Repo(Path.cwd(), search_parent_directories=True))
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+        return None
+
+
 def root(repo: git.Repo) -> Path:
     return Path(repo.working_tree_dir).resolve()
 

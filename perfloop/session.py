@@ -9,8 +9,6 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import git
-
 from perfloop import gitops, kernel, playbook, records, table
 from perfloop.atomic import write_json
 from perfloop.errors import NeedsGPU, UserError
@@ -46,12 +44,7 @@ def require_gpu() -> None:
 
 class Session:
     def __init__(self, kernel_arg: str, playbook_dir: str | None = None):
-        cwd_repo = None
-        try:
-            cwd_repo = gitops.root(git.Repo(Path.cwd(), search_parent_directories=True))
-        except (git.InvalidGitRepositoryError, git.NoSuchPathError):
-            pass
-        folder = kernel.find_folder(kernel_arg, cwd_repo)
+        folder = kernel.find_folder(kernel_arg, gitops.cwd_root())
         self.repo = gitops.open_repo(folder)
         self.root = gitops.root(self.repo)
         self.spec = kernel.load_spec(folder, self.root)

@@ -134,3 +134,102 @@ def test_run_without_a_gpu_says_so_in_one_line(tmp_path):
     assert code == 3 and out == ""
     assert_one_line(err, "needs an NVIDIA GPU")
     assert (git(ROOT, "status", "--porcelain"), git(ROOT, "branch", "--list")) == before
+
+
+MANIFEST_MISTAKES = {
+    "no headline": ("headline = true\n", "", "exactly one shape must have headline = true"),
+    "judge inside the folder": ('judge = "tests/judge_scripted.py"',
+                                'judge = "kernels/scripted/kernel.py"', "must live outside"),
+    "judge missing": ('judge = "tests/judge_scripted.py"', 'judge = "tests/nope.py"',
+                      "judge tests/nope.py does not exist"),
+    "no shapes": ("[[shapes]]", "[[nothing]]", "needs a judge and [[shapes]]"),
+}
+
+
+@pytest.mark.parametrize("mistake", MANIFEST_MISTAKES)
+def test_kernel_manifest_mistakes(scratch, mistake):
+    old, new, message = MANIFEST_MISTAKES[mistake]
+    manifest = scratch.kernel / "kernel.toml"
+    manifest.write_text(manifest.read_text().replace(old, new))
+    scratch.commit_all(mistake)
+    before = scratch.snapshot()
+    code, _, err = human(scratch.path, "init", "--kernel", "scripted")
+    assert code == 2 and scratch.snapshot() == before
+    assert_one_line(err, message)
+
+
+def test_knobs_that_are_not_a_json_object(scratch):
+    (scratch.kernel / "knobs.json").write_text("[1, 2]\n")
+    scratch.commit_all("bad knobs")
+    code, _, err = human(scratch.path, "init", "--kernel", "scripted")
+    assert code == 2
+    assert_one_line(err, "must hold a JSON object")
+
+
+@pytest.mark.parametrize("entry,message", [
+    ('[[optimization]]\nid = "fast_math"\ntitle = "t"\nfamily = "f"\nknob = "k"\nvalues = [1]\n'
+     'applies_to = ["memory-bound"]\npriority = { memory-bound = 1 }\n', "ids must be unique"),
+    ('[[optimization]]\nid = "x"\ntitle = "t"\nfamily = "f"\nknob = "k"\nvalues = [1]\n'
+     'applies_to = ["memory-bound"]\npriority = { balanced = 1 }\n', "needs a priority"),
+    ('[[optimization]]\nid = "x"\ntitle = "t"\n', "lacks 'family'"),
+])
+def test_catalog_mistakes(scratch, entry, message):
+    with open(scratch.path / "playbook" / "catalog.toml", "a") as f:
+        f.write("\n" + entry)
+    scratch.commit_all("bad catalog")
+    code, _, err = human(scratch.path, "init", "--kernel", "scripted")
+    assert code == 2
+    assert_one_line(err, message)
+
+
+def test_rules_with_an_unknown_setting(scratch):
+    scratch.rules(keep_gain="0.05\nkeep_gains = 0.1")
+    scratch.commit_all("typo in rules")
+    code, _, err = human(scratch.path, "init", "--kernel", "scripted")
+    assert code == 2
+    assert_one_line(err, "section [decision]", "keep_gains")
+
+
+def test_step_on_another_branch(started):
+    git(started.path, "checkout", "-q", "main")
+    before = started.snapshot()
+    code, _, err = human(started.path, "step", "--kernel", "scripted", "--opt", "fast_math")
+    assert code == 2 and started.snapshot() == before
+    assert_one_line(err, "lives on branch cutile-perf-scripted-", "git checkout")
+
+
+def test_step_when_the_branch_moved_off_the_incumbent(started):
+    (started.path / "README.md").write_text("a commit by hand\n")
+    started.commit_all("by hand")
+    before = started.snapshot()
+    code, _, err = human(started.path, "step", "--kernel", "scripted", "--opt", "fast_math")
+    assert code == 2 and started.snapshot() == before
+    assert_one_line(err, "has moved off the incumbent")
+
+
+def test_table_edited_by_hand(started):
+    path = started.path / "sandbox/scripted/perf_results.md"
+    path.write_text(path.read_text() + "| 7 | invented | 0.1 | PASS | keep |\n")
+    code, _, err = human(started.path, "step", "--kernel", "scripted", "--opt", "fast_math")
+    assert code == 2
+    assert_one_line(err, "has 2 rows but the record has 1 experiments")
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--describe", "   "], "--describe needs a short text"),
+    (["--describe", "x", "--value", "3"], "--value goes with --opt"),
+    (["--describe", "nothing changed"], "nothing to judge"),
+])
+def test_step_argument_mistakes(started, args, message):
+    code, _, err = human(started.path, "step", "--kernel", "scripted", *args)
+    assert code == 2
+    assert_one_line(err, message)
+
+
+def test_check_argument_mistakes(scratch):
+    code, _, err = human(scratch.path, "check", "--kernel", "scripted", "--arch", "hopper")
+    assert code == 2
+    assert_one_line(err, "--arch takes targets like sm_90")
+    code, _, err = human(scratch.path, "check", "--kernel", "scripted")
+    assert code == 2
+    assert_one_line(err, "has no compile_ahead")

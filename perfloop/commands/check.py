@@ -22,7 +22,7 @@ def add_arguments(p):
 
 
 def execute(args):
-    folder = find_folder(args.kernel, None)
+    folder = find_folder(args.kernel, gitops.cwd_root())
     root = gitops.root(gitops.find_repo(folder))
     spec = load_spec(folder, root)
     playbook = load(resolve_dir(args.playbook, root))
