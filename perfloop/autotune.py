@@ -1,7 +1,8 @@
 """Tune once, cache, launch: autotuning for cuTile kernels on cuda.tile.tune.exhaustive_search.
 
 - The search space is a list (a generator is listed first), at most 30 configs, and always
-  holds the kernel's fixed config, so tuning can never lose to it.
+  holds the kernel's fixed config; the search's winner replaces it only when it is faster
+  beyond both configs' error margins, so tuning does not lose to it by noise.
 - Each config's kernel object is made once with replace_hints and cached with the config; the
   fast path is a dict lookup and ct.launch.
 - Winners are cached in memory and on disk. A disk entry is named by a hash of everything that
@@ -120,6 +121,18 @@ class DiskCache:
 _memory: dict = {}  # (name, source hash, key) -> (config, kernel object); shared by tuners
 
 
+def prefer_fixed(result, fixed: dict) -> dict:
+    """The search's best, unless it beats the fixed config by less than their error margins:
+    a difference the search cannot tell from noise is no reason to leave the fixed config."""
+    best = result.best
+    base = next((m for m in result.successes if m.config == fixed), None)
+    if base is None or best.config == fixed:
+        return best.config
+    if best.mean_us + best.error_margin_us < base.mean_us - base.error_margin_us:
+        return best.config
+    return fixed
+
+
 class Autotuner:
     def __init__(self, kernel, *, space: Iterable[dict], fixed: dict, name: str,
                  source: bytes, cache: DiskCache | None = None, search=None, launch=None,
@@ -180,7 +193,7 @@ class Autotuner:
                         quiet=True)
         self.last_search_s = time.monotonic() - t0
         self.searches += 1
-        best = dict(result.best.config)
+        best = dict(prefer_fixed(result, self.fixed))
         self.cache.put(ident, best, {"mean_us": result.best.mean_us,
                                      "search_s": self.last_search_s,
                                      "measured": [{"config": m.config, "mean_us": m.mean_us}

@@ -36,9 +36,9 @@ class FakeSearch:
 
     def __call__(self, space, stream, grid_fn, kernel, args_fn, hints_fn, quiet):
         self.calls.append(space)
-        best = SimpleNamespace(config=space[-1], mean_us=10.0)
-        return SimpleNamespace(best=best, successes=[SimpleNamespace(config=c, mean_us=10.0 + i)
-                                                     for i, c in enumerate(space)])
+        measured = [SimpleNamespace(config=c, mean_us=10.0 - i, error_margin_us=0.1)
+                    for i, c in enumerate(space)]
+        return SimpleNamespace(best=measured[-1], successes=measured)
 
 
 @pytest.fixture(autouse=True)
@@ -168,6 +168,22 @@ def test_a_killed_writer_leaves_the_old_entry_whole_and_no_half_file(tmp_path):
     assert cache.get(IDENTITY) == {"occupancy": 2}             # the old entry, whole
     assert [p.name for p in (tmp_path / "cache").iterdir() if not p.name.startswith(".")] == \
         [cache.path(IDENTITY).name]                             # only a hidden temp file beside it
+
+
+def measured(config, mean_us, margin=0.1):
+    return SimpleNamespace(config=config, mean_us=mean_us, error_margin_us=margin)
+
+
+def test_the_fixed_config_stays_unless_beaten_beyond_the_error_margins():
+    fixed, other = {"occupancy": None}, {"occupancy": 1}
+
+    def result(fixed_us, other_us, margin):
+        a, b = measured(fixed, fixed_us, margin), measured(other, other_us, margin)
+        return SimpleNamespace(best=min(a, b, key=lambda m: m.mean_us), successes=[a, b])
+
+    assert autotune.prefer_fixed(result(100.0, 99.9, 0.2), fixed) == fixed    # inside the noise
+    assert autotune.prefer_fixed(result(100.0, 99.0, 0.2), fixed) == other    # beyond it
+    assert autotune.prefer_fixed(result(100.0, 101.0, 0.2), fixed) == fixed   # fixed is best
 
 
 def test_spaces_per_class_and_architecture():

@@ -156,3 +156,23 @@ def test_a_second_run_gets_a_suffixed_branch_and_the_first_is_archived(scratch):
     archived = list((scratch.path / "sandbox/_archive/scripted").glob("*/perf_results.md"))
     assert len(archived) == 1 and first in archived[0].parent.name
     assert len(table.read_rows(scratch.path / "sandbox/scripted/perf_results.md")) == 1
+
+
+def test_a_kernel_folder_named_by_path_from_outside_its_repository(scratch, tmp_path):
+    scratch.script(GAINS[:1])
+    scratch.commit_all("script")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    proc = subprocess.run([sys.executable, "-m", "perfloop", "run", "--kernel", str(scratch.kernel),
+                           "--max-iterations", "1", "--json"], cwd=elsewhere, text=True,
+                          capture_output=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr
+    assert scratch.branch().startswith("cutile-perf-scripted-")
+    assert len(scratch.records()) == 2 and scratch.records()[1]["status"] == "keep"
+    assert list(elsewhere.iterdir()) == []          # nothing written where it was called from
