@@ -86,12 +86,15 @@ def status_paths(repo: git.Repo, untracked: bool = False) -> list[str]:
     return paths
 
 
+def listing(paths: list[str], most: int = 5) -> str:
+    return ", ".join(paths[:most]) + (" ..." if len(paths) > most else "")
+
+
 def require_clean(repo: git.Repo) -> None:
     dirty = status_paths(repo)
     if dirty:
-        shown = ", ".join(dirty[:5]) + (" ..." if len(dirty) > 5 else "")
-        raise UserError(f"uncommitted changes to tracked files ({shown}); commit or stash "
-                        "them first: perfloop never runs over work it did not make")
+        raise UserError(f"uncommitted changes to tracked files ({listing(dirty)}); commit or "
+                        "stash them first: perfloop never runs over work it did not make")
 
 
 def inside(path: str, folder_rel: str) -> bool:

@@ -111,10 +111,9 @@ class Session:
     def require_no_outside_changes(self) -> None:
         outside = self.changes_outside_folder()
         if outside:
-            shown = ", ".join(outside[:5]) + (" ..." if len(outside) > 5 else "")
             raise UserError(f"refused: uncommitted changes outside the kernel folder "
-                            f"{self.folder_rel}/ ({shown}); perfloop judges only edits inside "
-                            "it and has left everything as it was")
+                            f"{self.folder_rel}/ ({gitops.listing(outside)}); perfloop judges "
+                            "only edits inside it and has left everything as it was")
 
     def require_on_branch(self) -> None:
         branch = gitops.current_branch(self.repo)

@@ -1,6 +1,6 @@
 import json
 
-from perfloop import decide, iteration, loop, views
+from perfloop import decide, gitops, iteration, loop, views
 from perfloop.errors import UserError
 from perfloop.iteration import AGENT, PLAYBOOK, Proposal
 from perfloop.playbook import freeze, thaw
@@ -78,7 +78,7 @@ def execute(args):
         if proposal.kind == AGENT and not inside:
             raise UserError(f"nothing to judge: no uncommitted changes inside {s.folder_rel}/")
         if proposal.kind == PLAYBOOK and inside:
-            raise UserError(f"uncommitted edits inside {s.folder_rel}/ ({', '.join(inside[:3])}); "
+            raise UserError(f"uncommitted edits inside {s.folder_rel}/ ({gitops.listing(inside)}); "
                             "judge them with --describe or discard them before --opt")
         if s.spec.requires_gpu:
             require_gpu()
