@@ -36,10 +36,8 @@ def start(s: Session, new: bool = False) -> dict:
     branch = gitops.unique_branch(s.repo, base)
     sha = gitops.head(s.repo)
     gitops.create_branch(s.repo, branch)
-    s._state = State(kernel=s.spec.name, folder=s.folder_rel, branch=branch, base_commit=sha,
-                     incumbent=sha)
-    s.sandbox.mkdir(parents=True, exist_ok=True)
-    s.save_state()
+    s.begin(State(kernel=s.spec.name, folder=s.folder_rel, branch=branch, base_commit=sha,
+                  incumbent=sha))
     return iteration.run(s, Proposal(BASELINE))
 
 

@@ -72,6 +72,12 @@ class Session:
     def require_run(self) -> State:
         return self.state
 
+    def begin(self, state: State) -> None:
+        """A new run: its state becomes this session's and is saved."""
+        self._state = state
+        self.sandbox.mkdir(parents=True, exist_ok=True)
+        self.save_state()
+
     def load_state(self) -> State | None:
         if not self.state_path.exists():
             return None
