@@ -26,7 +26,7 @@ def median_ci_ranks(n: int, confidence: float = 0.95) -> tuple[int, int]:
         if cumulative > alpha:
             break
         k = j + 1
-    lo = max(k - 1, 0) if k else 0
+    lo = max(k - 1, 0)
     return lo, n - 1 - lo
 
 
