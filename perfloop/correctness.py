@@ -10,7 +10,7 @@ import json
 import os
 from pathlib import Path
 
-from perfloop.kernel import import_module, read_knobs
+from perfloop.kernel import import_module
 
 VARIANTS_ENV = "PERFLOOP_VARIANTS"
 LOG_ENV = "PERFLOOP_CORRECTNESS_LOG"
@@ -20,10 +20,6 @@ def requested_variants() -> list[dict] | None:
     """The variants the loop asked for: [{label, folder, knobs}], or None outside the loop."""
     raw = os.environ.get(VARIANTS_ENV)
     return json.loads(raw) if raw else None
-
-
-def committed_variant(folder: Path) -> dict:
-    return {"label": "committed", "folder": str(folder), "knobs": read_knobs(folder / "knobs.json")}
 
 
 _modules: dict[str, object] = {}

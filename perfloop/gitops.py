@@ -147,13 +147,6 @@ def set_ref(repo: git.Repo, name: str, sha: str) -> None:
     repo.git.update_ref(name, sha)
 
 
-def ref_sha(repo: git.Repo, name: str) -> str | None:
-    try:
-        return repo.git.rev_parse("--verify", "--quiet", name + "^{commit}")
-    except git.GitCommandError:
-        return None
-
-
 def move_branch_to(repo: git.Repo, sha: str, folder_rel: str) -> None:
     """Point the current branch at `sha` and make the folder match it; nothing else changes."""
     repo.git.reset("--soft", sha)
@@ -181,11 +174,3 @@ def export_folder(repo: git.Repo, sha: str, folder_rel: str, dest: Path) -> Path
     shutil.rmtree(staging)
     (target / ".complete").touch()
     return target
-
-
-def is_ancestor(repo: git.Repo, ancestor: str, descendant: str) -> bool:
-    return repo.is_ancestor(ancestor, descendant)
-
-
-def commit_message(repo: git.Repo, sha: str) -> str:
-    return repo.commit(sha).message

@@ -37,10 +37,6 @@ class Summary:
     ci_high: float
     n: int
 
-    @property
-    def rel_halfwidth(self) -> float:
-        return (self.ci_high - self.ci_low) / 2.0 / self.median if self.median else math.inf
-
 
 def summarize(values: list[float], confidence: float = 0.95) -> Summary:
     data = sorted(values)
