@@ -1,9 +1,17 @@
-"""Atomic file writes: a reader sees the old file or the new one, never half of either."""
+"""Atomic file writes: a reader sees the old file or the new one, never half of either. JSON is
+written strictly: NaN and infinities become null, so every file is valid JSON."""
 
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def write_text(path: Path, text: str) -> None:
@@ -14,6 +22,7 @@ def write_text(path: Path, text: str) -> None:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
+            os.fchmod(f.fileno(), 0o666 & ~_umask())  # as open() would create it, not 0600
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
@@ -21,5 +30,20 @@ def write_text(path: Path, text: str) -> None:
         raise
 
 
+def finite(value):
+    """The value with every NaN or infinite float replaced by None, recursively."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
+def dumps(data, **kw) -> str:
+    return json.dumps(finite(data), allow_nan=False, **kw)
+
+
 def write_json(path: Path, data) -> None:
-    write_text(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
+    write_text(path, dumps(data, indent=1, sort_keys=True) + "\n")

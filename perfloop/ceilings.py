@@ -16,7 +16,7 @@ COPY_BYTES, MATMUL_N = 1 << 30, 8192
 
 def _median_ms(clock: CudaClock, fn, reps: int) -> float:
     clock.time_batch(fn, 3)
-    return statistics.median(clock.time_batch(fn, reps))
+    return statistics.median(clock.time_batch(fn, reps))  # a few calls: the default pad is ample
 
 
 def _copy_ms(clock: CudaClock) -> float:
@@ -35,11 +35,19 @@ def _measure(clock: CudaClock) -> dict:
     copy_ms, mm_ms, n = _copy_ms(clock), _matmul_ms(clock), MATMUL_N
     return {"copy_gbps": 2 * COPY_BYTES / copy_ms / 1e6, "copy_ms": copy_ms,
             "bf16_tflops": 2 * n**3 / mm_ms / 1e9, "matmul_ms": mm_ms,
-            "method": "median of CUDA-event times, L2 flushed: 1 GiB copy_, 8192^3 bf16 matmul"}
+            "method": "median of CUDA-event times, L2 flushed by a read: 1 GiB copy_, 8192^3 bf16 matmul"}
+
+
+CLOCK_VERSION = 2  # read-only flush and a sleep pad: ceilings timed by an older clock don't count
 
 
 def device_key(env: dict) -> str:
-    return f"{env.get('gpu_name')}|driver {env.get('driver')}|torch {env.get('torch')}"
+    """What the ceilings depend on: the GPU, its software, its clock and power limits. A GPU
+    whose limits were changed (or that was throttled by them) gets measured again."""
+    return (f"{env.get('gpu_name')}|driver {env.get('driver')}|torch {env.get('torch')}"
+            f"|power limit {env.get('power_limit')} W|max clocks {env.get('clock_sm_max')}/"
+            f"{env.get('clock_mem_max')} MHz|app clock {env.get('clock_sm_app')} MHz"
+            f"|clock v{CLOCK_VERSION}")
 
 
 def get(cache: Path, env: dict, clock: CudaClock) -> dict:

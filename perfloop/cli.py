@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -11,6 +10,7 @@ import traceback
 from pathlib import Path
 
 from perfloop import __version__
+from perfloop.atomic import dumps
 from perfloop.commands import COMMANDS
 from perfloop.errors import UserError
 from perfloop.views import SCHEMA
@@ -22,11 +22,21 @@ process, commits, and keeps or reverts by the playbook's rules. Results go to
 sandbox/<kernel>/perf_results.md (the table) and experiments.jsonl (the full record)."""
 
 
+class ArgumentError(Exception):
+    """argparse's complaint, raised instead of printed, so --json can answer in JSON."""
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise ArgumentError(f"{self.prog}: {message}")
+
+
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="perfloop", description=DESCRIPTION,
-                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    top = Parser(prog="perfloop", description=DESCRIPTION,
+                 formatter_class=argparse.RawDescriptionHelpFormatter)
     top.add_argument("--version", action="version", version=f"perfloop {__version__}")
-    subs = top.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    subs = top.add_subparsers(dest="command", metavar="COMMAND", required=True,
+                              parser_class=Parser)
     for name, module in COMMANDS.items():
         sub = subs.add_parser(name, help=module.HELP, description=module.DESCRIPTION,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -43,15 +53,21 @@ def parser() -> argparse.ArgumentParser:
 
 def _emit_error(args, message: str, code: int) -> int:
     if getattr(args, "json", False):
-        print(json.dumps({"schema": SCHEMA, "command": args.command, "ok": False,
-                          "error": message, "exit_code": code}))
+        print(dumps({"schema": SCHEMA, "command": args.command, "ok": False,
+                     "error": message, "exit_code": code}))
     else:
         print(f"perfloop: error: {message}", file=sys.stderr)
     return code
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        args = parser().parse_args(argv)
+    except ArgumentError as exc:
+        wanted = argparse.Namespace(json="--json" in argv,
+                                    command=next((a for a in argv if a in COMMANDS), None))
+        return _emit_error(wanted, str(exc), 2)
     module = COMMANDS[args.command]
     try:
         result = module.execute(args)
@@ -62,11 +78,13 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # a bug: keep the traceback in a file, show one line
         log = Path(tempfile.gettempdir()) / f"perfloop-crash-{os.getpid()}.log"
         log.write_text(traceback.format_exc())
-        return _emit_error(args, f"internal error {type(exc).__name__}: {exc} "
-                                 f"(traceback in {log})", 1)
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        return _emit_error(args, f"internal error {type(exc).__name__}: {first} (traceback in "
+                                 f"{log}; an interrupted iteration, if any, is finished by "
+                                 "`perfloop run --resume`)", 1)
     code = result.pop("exit_code", 0)
     if getattr(args, "json", False):
-        print(json.dumps({"schema": SCHEMA, "command": args.command, "ok": code == 0, **result}))
+        print(dumps({"schema": SCHEMA, "command": args.command, "ok": code == 0, **result}))
     else:
         print(module.render(result))
     return code

@@ -1,25 +1,22 @@
 """Helpers for judges: the pytest files in tests/ that decide whether a kernel is correct.
 
-The judge owns its reference, inputs and tolerances; the loop only tells it which variants
-to judge (PERFLOOP_VARIANTS) and reads back what `check` logged (PERFLOOP_CORRECTNESS_LOG).
+The judge owns its inputs, its reference and (or, through `tolerance`, the kernel's declared)
+tolerances; the loop only tells it which variants to judge (through the perfloop.judging
+plugin) and reads back what `check` or `log_case` logged.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
-from perfloop.kernel import import_module
-
-VARIANTS_ENV = "PERFLOOP_VARIANTS"
-LOG_ENV = "PERFLOOP_CORRECTNESS_LOG"
+from perfloop import judging, verify
+from perfloop.kernel import import_module, read_toml
 
 
 def requested_variants() -> list[dict] | None:
     """The variants the loop asked for: [{label, folder, knobs}], or None outside the loop."""
-    raw = os.environ.get(VARIANTS_ENV)
-    return json.loads(raw) if raw else None
+    return judging.REQUEST["variants"] if judging.REQUEST else None
 
 
 _modules: dict[str, object] = {}
@@ -32,34 +29,33 @@ def module_for(folder: str):
     return _modules[folder]
 
 
+def tolerance(folder, dtype: str) -> dict:
+    """The kernel's declared tolerance for outputs of `dtype` (kernel.toml [tolerance.<dtype>],
+    else perfloop's default): the numbers the timing worker checks timed outputs with."""
+    declared = read_toml(Path(folder) / "kernel.toml", "kernel manifest").get("tolerance", {})
+    return verify.tolerance_for(dtype, declared)
+
+
 def log_case(label: str, case: str, passed: bool, **detail) -> None:
     """Tell the loop how one case of one variant went (a no-op outside the loop)."""
-    path = os.environ.get(LOG_ENV)
-    if path:
-        with open(path, "a", encoding="utf-8") as f:
+    if judging.REQUEST:
+        with open(judging.REQUEST["log"], "a", encoding="utf-8") as f:
             f.write(json.dumps({"label": label, "case": case, "passed": passed, **detail}) + "\n")
 
 
 def check(label: str, case: str, run, reference, *, rtol: float, atol: float,
           max_rel_err: float) -> None:
-    """Run `run()` (which poisons its output with NaN, launches, returns the output) and compare
-    with the float64 `reference`; log the case and fail the test on any mismatch."""
-    import torch
-
+    """Run `run()`, which must poison its output (NaN), launch, and return the output; compare
+    it with the float64 `reference`; log the case and fail the test on any mismatch."""
     entry = {"passed": False}
     try:
         out = run()
-        if out.is_cuda:
+        if getattr(out, "is_cuda", False):
+            import torch
+
             torch.cuda.synchronize()
-        got, ref = out.double(), reference.double().to(out.device)
-        bad = int((~torch.isfinite(got)).sum())
-        diff = (got - ref).abs()
-        within = diff <= atol + rtol * ref.abs()
-        rel = float(diff.norm() / ref.norm().clamp_min(1e-30)) if bad == 0 else float("nan")
-        entry.update(non_finite=bad, rel_err=rel, max_abs_err=float(diff.max()) if bad == 0
-                     else float("nan"), outside_tolerance=int((~within).sum()),
-                     rtol=rtol, atol=atol, max_rel_err=max_rel_err)
-        entry["passed"] = bad == 0 and rel <= max_rel_err and bool(within.all())
+        tol = {"rtol": rtol, "atol": atol, "max_rel_err": max_rel_err}
+        entry.update(verify.compare(out, reference, {}, "", fixed=tol))
     except Exception as exc:
         entry["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         log_case(label, case, **entry)

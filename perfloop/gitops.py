@@ -105,9 +105,20 @@ def branch_exists(repo: git.Repo, name: str) -> bool:
     return name in repo.heads
 
 
+def refs_under(repo: git.Repo, prefix: str) -> dict[str, str]:
+    """{ref name: sha} of every ref under `prefix`."""
+    out = repo.git.for_each_ref("--format=%(refname) %(objectname)", prefix)
+    return dict(line.split(" ", 1) for line in out.splitlines() if line)
+
+
+def name_taken(repo: git.Repo, name: str) -> bool:
+    """A branch of that name exists, or an earlier run used it: its refs outlive the branch."""
+    return branch_exists(repo, name) or bool(refs_under(repo, f"{REF_PREFIX}/{name}/"))
+
+
 def unique_branch(repo: git.Repo, base: str) -> str:
     name, n = base, 2
-    while branch_exists(repo, name):
+    while name_taken(repo, name):
         name, n = f"{base}-{n}", n + 1
     return name
 
@@ -116,10 +127,58 @@ def create_branch(repo: git.Repo, name: str) -> None:
     repo.create_head(name, repo.head.commit).checkout()
 
 
-def checkout(repo: git.Repo, name: str) -> None:
-    if current_branch(repo) != name:
-        require_clean(repo)
-        repo.heads[name].checkout()
+def switch_back(repo: git.Repo, previous: str, created: str) -> None:
+    """Undo create_branch: back on `previous`, and `created` deleted (it holds no commit that
+    `previous` lacks, or the caller would not call this)."""
+    repo.heads[previous].checkout()
+    repo.delete_head(created, force=True)
+
+
+def commit_exists(repo: git.Repo, sha: str) -> bool:
+    try:
+        return repo.commit(sha).hexsha == sha
+    except (ValueError, git.BadName, git.GitCommandError):
+        return False
+
+
+def parent_and_message(repo: git.Repo, sha: str) -> tuple[str | None, str]:
+    commit = repo.commit(sha)
+    return (commit.parents[0].hexsha if commit.parents else None), commit.message.strip()
+
+
+def file_at(repo: git.Repo, sha: str, path: str) -> str | None:
+    """The text of `path` in commit `sha`, or None if it is not there."""
+    try:
+        return repo.git.show(f"{sha}:{path}", strip_newline_in_stdout=False)
+    except git.GitCommandError:
+        return None
+
+
+def blob_ids(repo: git.Repo, sha: str, paths: list[str]) -> dict[str, str]:
+    """{path: blob id} for the paths tracked in commit `sha` (others are absent)."""
+    if not paths:
+        return {}
+    out = repo.git.ls_tree("-z", sha, "--", *paths)
+    entries = {}
+    for entry in out.split("\0"):
+        if entry:
+            meta, path = entry.split("\t", 1)
+            entries[path] = meta.split()[2]
+    return entries
+
+
+def working_ids(repo: git.Repo, paths: list[str]) -> dict[str, str]:
+    """{path: blob id} of the files as they are in the working tree."""
+    if not paths:
+        return {}
+    return dict(zip(paths, repo.git.hash_object("--", *paths).splitlines()))
+
+
+def tracked(repo: git.Repo, paths: list[str]) -> set[str]:
+    """Which of these paths are in the index."""
+    if not paths:
+        return set()
+    return {p for p in repo.git.ls_files("-z", "--", *paths).split("\0") if p}
 
 
 def _identity_env(repo: git.Repo) -> dict:
@@ -160,8 +219,6 @@ def restore_folder(repo: git.Repo, sha: str, folder_rel: str) -> None:
 def export_folder(repo: git.Repo, sha: str, folder_rel: str, dest: Path) -> Path:
     """Write the folder as it is in commit `sha` under dest; returns the folder's copy."""
     target = dest / Path(folder_rel).name
-    if (target / ".complete").exists():
-        return target
     buf = io.BytesIO()
     repo.archive(buf, treeish=sha, path=folder_rel, format="tar")
     buf.seek(0)
@@ -172,5 +229,4 @@ def export_folder(repo: git.Repo, sha: str, folder_rel: str, dest: Path) -> Path
     shutil.rmtree(target, ignore_errors=True)  # a copy left half-written by a kill
     (staging / folder_rel).rename(target)
     shutil.rmtree(staging)
-    (target / ".complete").touch()
     return target

@@ -1,24 +1,33 @@
 """One experiment: judge, time, commit, decide, record. And recovery of an interrupted one.
 
 Order of durable effects, which recovery relies on:
-  in-flight marker (state) -> [agent edits committed] -> judge -> timing -> experiment commit
-  -> record line -> ref + branch back to the incumbent on revert -> table row -> marker cleared.
+  in-flight marker (state) -> [agent edits committed, their message in the marker first]
+  -> judge -> timing -> [playbook: the knobs' hash and the commit message in the marker, then
+  knobs.json and the commit] -> record line -> ref + branch back to the incumbent on a revert
+  -> table row -> marker cleared.
 A record line is the point of no return: with it the experiment is finished on resume;
-without it the experiment is set aside under a ref and redone.
+without it the experiment is set aside under a ref and redone. Recovery moves the branch only
+past a commit it can prove perfloop made (its parent is the incumbent and its message is the
+one the marker announced), and restores files only where the change is perfloop's own.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import asdict, dataclass
 
-from perfloop import decide, gitops, phases, records, table
-from perfloop.playbook import Optimization, freeze, thaw
+from perfloop import audit, decide, gitops, phases, records, table
+from perfloop.errors import UserError
 from perfloop.faults import crashpoint
+from perfloop.kernel import KNOBS, knobs_text
+from perfloop.playbook import Optimization, freeze, thaw
 from perfloop.session import Session
 from perfloop.stats import Comparison
+from perfloop.worker import CONTROL, INCUMBENT
 
 BASELINE, PLAYBOOK, AGENT = "baseline", "playbook", "agent"
+OK, FAIL, CRASH = "ok", "fail", "crash"
 
 
 @dataclass(frozen=True)
@@ -60,7 +69,7 @@ def _show(value) -> str:
 
 
 def _variants(s: Session, proposal: Proposal, incumbent_dir, incumbent_knobs) -> list[dict]:
-    incumbent = {"label": "incumbent", "folder": incumbent_dir, "knobs": incumbent_knobs}
+    incumbent = {"label": INCUMBENT, "folder": incumbent_dir, "knobs": incumbent_knobs}
     if proposal.kind == BASELINE:
         return [incumbent]
     if proposal.kind == AGENT:
@@ -72,96 +81,143 @@ def _variants(s: Session, proposal: Proposal, incumbent_dir, incumbent_knobs) ->
                           for i, v in enumerate(proposal.values)]
 
 
-def _comparisons(summary: dict, label: str) -> dict[str, Comparison]:
-    return {name: Comparison(**shape["vs_incumbent"][label]) for name, shape in summary.items()}
-
-
 def _below_floor(summary: dict, label: str, tolerance: float) -> tuple[str, ...]:
     return tuple(name for name, shape in summary.items()
                  if shape["floor_ms"] and shape["variants"][label]["median_ms"]
                  < shape["floor_ms"] * (1 - tolerance))
 
 
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _commit_message(s: Session, proposal: Proposal, iteration: int, chosen: dict | None) -> str:
+    if proposal.kind == AGENT:
+        return f"perfloop: iteration {iteration}: agent edit: {proposal.describe}"
+    knob = proposal.optimization.knob
+    return (f"perfloop: iteration {iteration}: {proposal.optimization.id} "
+            f"({knob}={_show(thaw(chosen['knobs'][knob]))})")
+
+
+def _commit(s: Session, message: str) -> str:
+    """Announce the commit in the marker first, so recovery can tell it is perfloop's."""
+    s.state.in_flight["message"] = message
+    s.save_state()
+    sha = gitops.commit_folder(s.repo, s.folder_rel, message)
+    s.state.in_flight["commit"] = sha
+    s.save_state()
+    return sha
+
+
 def run(s: Session, proposal: Proposal) -> dict:
-    """Run one experiment to its record. The caller has checked the tree and the branch."""
+    """Run one experiment to its record. The caller has checked the tree, the branch and what
+    is pinned; from here on every outcome is recorded."""
     state = s.state
     iteration = len(s.records())
     rules = s.playbook.rules
     started, t0 = time.time(), time.monotonic()
     deadline = t0 + rules.iteration_timeout_s
     phase_s: dict[str, float] = {}
+    tag = f"iter-{iteration:02d}-{phases.nonce()}"
     state.in_flight = {"iteration": iteration, **proposal.to_json(), "commit": None,
-                       "started_at": started}
+                       "message": None, "knobs_sha256": None, "tag": tag, "started_at": started}
     s.save_state()
     if proposal.kind == AGENT:
         t = time.monotonic()
-        state.in_flight["commit"] = gitops.commit_folder(
-            s.repo, s.folder_rel, f"perfloop: iteration {iteration}: agent edit: {proposal.describe}")
+        _commit(s, _commit_message(s, proposal, iteration, None))
         phase_s["commit"] = phases.elapsed(t)
-        s.save_state()
     crashpoint("started", iteration)
 
-    s.work.mkdir(parents=True, exist_ok=True)
-    incumbent_dir = s.export_commit(state.incumbent)
+    work = s.work / tag
+    work.mkdir(parents=True, exist_ok=True)
+    incumbent_dir = s.export_commit(state.incumbent, work / "incumbent")
+    contract_dir = s.export_commit(state.base_commit, work / "contract")
     incumbent_knobs = s.spec.read_knobs(incumbent_dir)
     variants = _variants(s, proposal, incumbent_dir, incumbent_knobs)
     candidates = variants if proposal.kind == BASELINE else variants[1:]
-    tag = f"iter-{iteration:02d}"
+    env = phases.child_env(s.playbook_dir, work / "pycache")
+    allowed = [s.spec.folder, work]  # what children may import from inside the repository
 
-    judged = phases.judge(s.spec.judge, candidates, cwd=s.root, work=s.work, tag=tag,
-                          timeout_s=deadline - time.monotonic())
+    judged = phases.judge(s.root / state.judge, candidates, cwd=s.root, work=work,
+                          deadline=deadline, stall_s=rules.stall_timeout_s, env=env)
     phase_s["correctness"] = judged.wall_s
     crashpoint("correctness", iteration)
-    passing = [v for v in candidates if judged.passed.get(v["label"])]
-    timing = summary = None
-    chosen = candidates[0]  # what gets committed when nothing is timed
-    if judged.crashed:
-        verdict, detail = _crashed(judged.detail, correct=False), judged.detail
-    elif not passing:
-        verdict, detail = decide.decide(decide.Outcome(correct=False), rules.decision), judged.detail
-    else:
-        control = dict(variants[0], label=phases.CONTROL)
+    outcome = {v["label"]: _judged(v["label"], judged) for v in candidates}
+    foreign = audit.unpinned_imports(s.repo, s.root, sorted(judged.imports),
+                                     state.base_commit, allowed)
+    if foreign:
+        for label in outcome:
+            outcome[label] = (FAIL, f"the judge imported {gitops.listing(foreign)}, which "
+                                    "differs from the run's base commit: its verdict does not count")
+    passing = [v for v in candidates if outcome[v["label"]][0] == OK]
+
+    timing, passes, best = None, [], None
+    if passing:
+        control = dict(variants[0], label=CONTROL)
         timed = [variants[0], control] + (passing if proposal.kind != BASELINE else [])
-        timing = phases.time_variants(timed, [sh.as_dict() for sh in s.spec.shapes], rules,
-                                      ceilings_cache=s.ceilings_cache, work=s.work, tag=tag,
-                                      timeout_s=deadline - time.monotonic(), cwd=s.root)
+        timing = phases.time_variants(
+            timed, [sh.as_dict() for sh in s.spec.shapes], rules,
+            contract=contract_dir, tolerance=s.spec.tolerance, headline=s.spec.headline.name,
+            ceilings_cache=s.ceilings_cache, work=work, deadline=deadline, cwd=s.root, env=env,
+            select=len(passing) > 1 and proposal.kind != BASELINE)
         phase_s["timing"] = timing.wall_s
         crashpoint("timing", iteration)
-        if timing.crashed:
-            verdict, detail = _crashed(timing.detail, correct=True), timing.detail
-        else:
-            summary = phases.summarize_timing(timing.raw, [v["label"] for v in timed], "incumbent")
-            chosen, verdict = _weigh(s, proposal, timed, summary)
-            detail = "timed"
+        _apply_timing(outcome, timing, proposal.kind)
+        foreign = audit.unpinned_imports(s.repo, s.root, sorted(timing.imports),
+                                         state.base_commit, allowed)
+        if foreign:
+            for label in outcome:
+                outcome[label] = (FAIL, f"kernel code imported {gitops.listing(foreign)} from "
+                                        "outside its folder, which no experiment commits")
+        if not timing.crashed and timing.raw:  # (empty when every candidate was dropped)
+            passes = [phases.summarize_pass(p, ceiling=timing.raw.get("ceilings"))
+                      for p in timing.raw["passes"]]
+            best = timing.raw.get("best") if proposal.kind != BASELINE else INCUMBENT
+            if best is not None and outcome.get(best, (OK,))[0] != OK:
+                best = None
+
+    summary = passes[-1] if passes and best is not None else None
+    chosen = next((v for v in variants if v["label"] == best), candidates[0])
+    verdict = _verdict(s, proposal, outcome, timing, summary, best, bool(passing))
 
     t = time.monotonic()
-    commit = _commit_experiment(s, proposal, iteration, chosen, incumbent_knobs)
+    if proposal.kind == BASELINE:
+        commit = state.incumbent
+    elif proposal.kind == AGENT:
+        commit = state.in_flight["commit"]
+    else:
+        knob = proposal.optimization.knob
+        text = knobs_text({**incumbent_knobs, knob: chosen["knobs"][knob]})
+        state.in_flight["knobs_sha256"] = _sha256(text)
+        s.save_state()
+        (s.spec.folder / KNOBS).write_text(text, encoding="utf-8")
+        commit = _commit(s, _commit_message(s, proposal, iteration, chosen))
     phase_s["commit"] = phase_s.get("commit", 0) + phases.elapsed(t)
-    state.in_flight["commit"] = commit
-    s.save_state()
     crashpoint("commit", iteration)
 
     head_name = s.spec.headline.name
-    latency = summary[head_name]["variants"][chosen["label"]]["median_ms"] if summary else None
-    value = chosen["knobs"].get(proposal.optimization.knob) if proposal.kind == PLAYBOOK else None
+    latency = summary[head_name]["variants"][best]["median_ms"] if summary else None
+    knob = proposal.optimization.knob if proposal.optimization else None
+    labels = {v["label"]: thaw(v["knobs"].get(knob)) for v in candidates} if knob else {}
     record = {
         "schema": records.SCHEMA, "iteration": iteration, "kind": proposal.kind,
         "optimization": proposal.name, "describe": proposal.describe,
         "family": proposal.optimization.family if proposal.optimization else None,
-        "knob": proposal.optimization.knob if proposal.optimization else None,
-        "value": thaw(value), "candidates": thaw(proposal.values),
+        "knob": knob, "value": thaw(chosen["knobs"].get(knob)) if knob else None,
+        "candidates": thaw(proposal.values),
         "knobs": {k: thaw(x) for k, x in chosen["knobs"].items()},
         "commit": commit, "incumbent_before": state.incumbent, "branch": state.branch,
         "ref": s.ref_name(iteration),
         "status": verdict.status, "correctness": verdict.correctness, "latency_ms": latency,
-        "decision": asdict(verdict), "detail": detail,
-        "correctness_detail": {"passed": judged.passed, "cases": judged.cases} if judged else None,
-        "timing": {"shapes": summary, "method": timing.raw.get("method"),
-                   "ceilings": timing.raw.get("ceilings"), "chosen": chosen["label"],
-                   "labels": {v["label"]: thaw(v["knobs"].get(proposal.optimization.knob))
-                              for v in variants[1:]} if proposal.kind == PLAYBOOK else {}}
-        if summary else None,
-        "environment": timing.raw.get("environment") if timing and not timing.crashed else None,
+        "decision": asdict(verdict),
+        "outcomes": {label: {"value": labels.get(label), "outcome": o[0], "reason": o[1]}
+                     for label, o in outcome.items()},
+        "correctness_detail": {"passed": judged.passed, "crashed": judged.crashed,
+                               "cases": judged.cases, "detail": judged.detail},
+        "timing": {"shapes": summary, "selection": passes[0] if len(passes) > 1 else None,
+                   "method": timing.raw.get("method"), "ceilings": timing.raw.get("ceilings"),
+                   "chosen": best, "labels": labels} if summary else None,
+        "environment": timing.raw.get("environment") if timing and timing.raw else None,
         "phases_s": {**phase_s, "total": phases.elapsed(t0)},
         "started_at": started, "finished_at": time.time(),
     }
@@ -171,43 +227,64 @@ def run(s: Session, proposal: Proposal) -> dict:
     return record
 
 
-def _crashed(detail: str, correct: bool) -> decide.Verdict:
-    return decide.Verdict(decide.CRASH, "PASS" if correct else "FAIL", detail)
+def _judged(label: str, judged: phases.JudgeResult) -> tuple[str, str]:
+    if label in judged.crashed:
+        return CRASH, judged.crashed[label]
+    if not judged.passed.get(label):
+        failed = [c["case"] for c in judged.cases.get(label, []) if not c["passed"]]
+        return FAIL, ("correctness failed" + (f" ({', '.join(failed[:3])})" if failed else
+                                               " (no case was reported as passed)"))
+    return OK, ""
 
 
-def _weigh(s: Session, proposal: Proposal, timed: list[dict], summary: dict):
-    """The fastest candidate at the headline shape, and the playbook's verdict on it."""
+def _apply_timing(outcome: dict, timing: phases.Timing, kind: str) -> None:
+    for label, why in timing.excluded.items():
+        outcome[label] = (FAIL if why["kind"] == "fail" else CRASH, why["reason"])
+    for label, why in (timing.raw.get("failed") or {}).items():
+        if label in outcome:
+            outcome[label] = (FAIL if why["kind"] == "fail" else CRASH, why["reason"])
+        elif label in (INCUMBENT, CONTROL) and kind != BASELINE:
+            timing.crashed = timing.crashed or f"the incumbent, timed again: {why['reason']}"
+    if kind == BASELINE and INCUMBENT in (timing.raw.get("failed") or {}):
+        why = timing.raw["failed"][INCUMBENT]
+        outcome[INCUMBENT] = (FAIL if why["kind"] == "fail" else CRASH, why["reason"])
+
+
+def _verdict(s: Session, proposal: Proposal, outcome: dict, timing, summary,
+             best, judged_ok: bool) -> decide.Verdict:
+    if summary is not None:
+        return _weigh(s, proposal, summary, best)
+    if timing is not None and timing.crashed:
+        return decide.Verdict(decide.CRASH, "PASS", timing.crashed)
+    failed = [(label, why) for label, (kind, why) in outcome.items() if kind == FAIL]
+    if failed:
+        reason = "; ".join(f"{label}: {why}" for label, why in failed[:3])
+        if proposal.kind == BASELINE or len(outcome) == 1:
+            reason = failed[0][1]
+        return decide.Verdict(decide.REVERT, "FAIL", f"{reason}: reverted at once"
+                              if proposal.kind != BASELINE else reason)
+    # every candidate crashed: in the judge (correctness unknown: FAIL) or while timed (PASS)
+    crashed = [why for kind, why in outcome.values() if kind == CRASH]
+    return decide.Verdict(decide.CRASH, "PASS" if judged_ok else "FAIL",
+                          crashed[0] if crashed else "nothing was timed")
+
+
+def _weigh(s: Session, proposal: Proposal, summary: dict, best: str) -> decide.Verdict:
+    """The playbook's verdict on the fastest candidate (its timings from the final pass)."""
     rules = s.playbook.rules.decision
     head = s.spec.headline.name
+    below = _below_floor(summary, best, rules.floor_tolerance)
     if proposal.kind == BASELINE:
-        below = _below_floor(summary, "incumbent", rules.floor_tolerance)
-        aa = summary[head]["vs_incumbent"][phases.CONTROL]
+        aa = summary[head]["vs_incumbent"][CONTROL]
         if below:
-            return timed[0], decide.Verdict(decide.REVERT, "PASS", "baseline measured faster "
-                                            f"than the physical floor on {', '.join(below)}: "
-                                            "the measurement is broken")
-        return timed[0], decide.Verdict(decide.KEEP, "PASS", "baseline; the same code timed "
-                                        f"twice differs by {100 * abs(aa['ratio'] - 1):.2f}% "
-                                        f"(noise {100 * summary[head]['noise']:.2f}%) at the "
-                                        "headline shape")
-    best = min(timed[2:], key=lambda v: summary[head]["vs_incumbent"][v["label"]]["ratio"])
-    outcome = decide.Outcome(correct=True, comparisons=_comparisons(summary, best["label"]),
-                             headline=head,
-                             below_floor=_below_floor(summary, best["label"], rules.floor_tolerance))
-    return best, decide.decide(outcome, rules)
-
-
-def _commit_experiment(s: Session, proposal: Proposal, iteration: int, chosen: dict,
-                       incumbent_knobs: dict) -> str:
-    if proposal.kind == BASELINE:
-        return s.state.incumbent
-    if proposal.kind == AGENT:
-        return s.state.in_flight["commit"]
-    knob = proposal.optimization.knob
-    s.spec.write_knobs({**incumbent_knobs, knob: chosen["knobs"][knob]})
-    message = (f"perfloop: iteration {iteration}: {proposal.optimization.id} "
-               f"({knob}={_show(thaw(chosen['knobs'][knob]))})")
-    return gitops.commit_folder(s.repo, s.folder_rel, message)
+            return decide.Verdict(decide.REVERT, "PASS", "baseline measured faster than the "
+                                  f"physical floor on {', '.join(below)}: the measurement is broken")
+        return decide.Verdict(decide.KEEP, "PASS", "baseline; the same code timed twice "
+                              f"differs by {100 * abs(aa['ratio'] - 1):.2f}% (noise "
+                              f"{100 * summary[head]['noise']:.2f}%) at the headline shape")
+    comparisons = {name: Comparison(**shape["vs_incumbent"][best]) for name, shape in summary.items()}
+    return decide.decide(decide.Outcome(correct=True, comparisons=comparisons, headline=head,
+                                        below_floor=below), rules)
 
 
 def finish(s: Session, record: dict) -> None:
@@ -253,7 +330,8 @@ def _stop_after(s: Session, record: dict) -> str | None:
 
 
 def recover(s: Session) -> Proposal | None:
-    """Bring an interrupted run back to a consistent state. Returns what must be redone."""
+    """Bring an interrupted run back to a consistent state. Returns what must be redone.
+    Refuses, changing nothing, when the branch or the folder holds work perfloop did not make."""
     state = s.state
     flight = state.in_flight
     recs = s.records()
@@ -265,23 +343,44 @@ def recover(s: Session) -> Proposal | None:
     if done is not None:
         finish(s, done)
         return None
-    # not recorded: set the experiment aside and redo it
     proposal = _proposal_from_flight(s, flight)
-    head = gitops.head(s.repo)
-    # a commit made just before a kill may not be in the marker yet: it is then HEAD
-    commit = flight.get("commit") or (head if head != state.incumbent else None)
-    if commit and commit != state.incumbent:
-        gitops.set_ref(s.repo, s.ref_name(flight["iteration"], "abandoned"), commit)
-    if head != state.incumbent:
+    ours = _perfloops_commit(s, flight)
+    inside = s.changes_inside_folder()
+    knobs_rel = f"{s.folder_rel}/{KNOBS}"
+    if ours and inside or proposal.kind == PLAYBOOK and inside and not (
+            inside == [knobs_rel] and flight.get("knobs_sha256") ==
+            _sha256((s.spec.folder / KNOBS).read_text(encoding="utf-8"))):
+        raise UserError(f"refused: {gitops.listing(inside)} changed after perfloop was "
+                        f"interrupted in iteration {flight['iteration']}; perfloop will not "
+                        "overwrite it. Commit it elsewhere or stash it, then resume")
+    if ours:
+        gitops.set_ref(s.repo, s.ref_name(flight["iteration"], "abandoned") +
+                       f"-{flight.get('tag', 'x')[-8:]}", ours)
         gitops.move_branch_to(s.repo, state.incumbent, s.folder_rel)
-    if proposal.kind == AGENT and commit:
-        # put the agent's edits back as uncommitted changes, as they were before the step
-        s.repo.git.restore(f"--source={commit}", "--worktree", "--", s.folder_rel)
-    elif proposal.kind != AGENT:
-        gitops.restore_folder(s.repo, state.incumbent, s.folder_rel)
+        if proposal.kind == AGENT:
+            # the agent's edits go back to being uncommitted changes, as before the step
+            s.repo.git.restore(f"--source={ours}", "--worktree", "--", s.folder_rel)
+    elif proposal.kind == PLAYBOOK and inside:
+        gitops.restore_folder(s.repo, state.incumbent, s.folder_rel)  # perfloop's knobs.json
     state.in_flight = None
     s.save_state()
     return proposal
+
+
+def _perfloops_commit(s: Session, flight: dict) -> str | None:
+    """HEAD, if it is the experiment's commit that perfloop made (else None, when HEAD is the
+    incumbent); raises if the branch holds a commit that is not perfloop's."""
+    head = gitops.head(s.repo)
+    if head == s.state.incumbent:
+        return None
+    parent, message = gitops.parent_and_message(s.repo, head)
+    if parent == s.state.incumbent and (head == flight.get("commit")
+                                        or flight.get("message") and message == flight["message"]):
+        return head
+    raise UserError(f"refused: branch {s.state.branch} has a commit perfloop did not make "
+                    f"({head[:12]}: {message.splitlines()[0][:60]}) on top of the incumbent "
+                    f"{s.state.incumbent[:12]}; move it to another branch (`git branch mine; "
+                    f"git reset --keep {s.state.incumbent[:12]}`), then resume")
 
 
 def _proposal_from_flight(s: Session, flight: dict) -> Proposal:

@@ -16,7 +16,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
-from dataclasses import dataclass
+import tomllib
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from perfloop.errors import UserError
@@ -34,6 +35,7 @@ class Shape:
     headline: bool = False
 
     def as_dict(self) -> dict:
+        """name, dims (a list), dtype, headline: the fields a kernel's functions may read."""
         return {"name": self.name, "dims": list(self.dims), "dtype": self.dtype,
                 "headline": self.headline}
 
@@ -50,6 +52,9 @@ class KernelSpec:
     shapes: tuple[Shape, ...]
     candidates: dict
     requires_gpu: bool
+    tolerance: dict = field(default_factory=dict)   # dtype -> {rtol, atol, max_rel_err}
+    judge_rel: str = ""                             # the judge, relative to the repository root
+    manifest_text: str = ""
 
     @property
     def headline(self) -> Shape:
@@ -62,21 +67,28 @@ class KernelSpec:
     def read_knobs(self, folder: Path | None = None) -> dict:
         return read_knobs((folder or self.folder) / KNOBS)
 
-    def write_knobs(self, knobs: dict) -> None:
-        """One knob per line, so an experiment's diff is the one line it changed."""
-        lines = [f"  {json.dumps(k)}: {json.dumps(thaw(v))}" for k, v in knobs.items()]
-        self.knobs_file.write_text("{\n" + ",\n".join(lines) + "\n}\n", encoding="utf-8")
+
+def knobs_text(knobs: dict) -> str:
+    """One knob per line, so an experiment's diff is the one line it changed."""
+    lines = [f"  {json.dumps(k)}: {json.dumps(thaw(v))}" for k, v in knobs.items()]
+    return "{\n" + ",\n".join(lines) + "\n}\n"
 
 
 def read_knobs(path: Path) -> dict:
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise UserError(f"{path} is missing") from None
+    return parse_knobs(text, str(path))
+
+
+def parse_knobs(text: str, where: str) -> dict:
+    try:
+        raw = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise UserError(f"{path} is not valid JSON: {exc}") from None
+        raise UserError(f"{where} is not valid JSON: {exc}") from None
     if not isinstance(raw, dict):
-        raise UserError(f"{path} must hold a JSON object of knob names to values")
+        raise UserError(f"{where} must hold a JSON object of knob names to values")
     return {k: freeze(v) for k, v in raw.items()}
 
 
@@ -97,31 +109,78 @@ def find_folder(arg: str, repo_root: Path | None) -> Path:
                     f"(shipped kernels: {', '.join(shipped) or 'none'}; or give a folder path)")
 
 
-def load_spec(folder: Path, repo_root: Path) -> KernelSpec:
+TOLERANCE_KEYS = ("rtol", "atol", "max_rel_err")
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def load_spec(folder: Path, repo_root: Path, text: str | None = None) -> KernelSpec:
+    """The kernel's manifest: from `text` (a run's pinned copy) or the folder's kernel.toml."""
     manifest_path = folder / MANIFEST
     for needed in (MANIFEST, MODULE, KNOBS):
         if not (folder / needed).is_file():
             raise UserError(f"{folder} is not a kernel folder: it has no {needed}")
-    manifest = read_toml(manifest_path)
+    if text is None:
+        manifest = read_toml(manifest_path, "kernel manifest")
+        text = manifest_path.read_text(encoding="utf-8")
+    else:
+        try:
+            manifest = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise UserError(f"kernel manifest {manifest_path} is not valid TOML: {exc}") from None
+
+    def bad(what: str) -> UserError:
+        return UserError(f"{manifest_path}: {what}")
+
     try:
-        shapes = tuple(Shape(s["name"], tuple(int(d) for d in s["dims"]), s["dtype"],
-                             bool(s.get("headline", False))) for s in manifest["shapes"])
-        judge = (repo_root / manifest["judge"]).resolve()
+        shapes = tuple(Shape(s["name"], tuple(s["dims"]), s["dtype"], s.get("headline", False))
+                       for s in manifest["shapes"])
+        judge_rel = manifest["judge"]
         name = manifest.get("name", folder.name)
     except (KeyError, TypeError, ValueError) as exc:
-        raise UserError(f"{manifest_path}: needs a judge and [[shapes]] with name, dims and "
-                        f"dtype ({exc.__class__.__name__}: {exc})") from None
+        raise bad(f"needs a judge and [[shapes]] with name, dims and dtype "
+                  f"({exc.__class__.__name__}: {exc})") from None
+    if not isinstance(name, str) or not name or "/" in name:
+        raise bad("name must be a non-empty string without '/'")
+    if not isinstance(judge_rel, str):
+        raise bad("judge must be a path string")
+    for s in shapes:
+        if not isinstance(s.name, str) or not isinstance(s.dtype, str):
+            raise bad(f"shape {s.name!r}: name and dtype must be strings")
+        if not s.dims or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0
+                                 for d in s.dims):
+            raise bad(f"shape {s.name}: dims must be a list of positive integers")
+        if not isinstance(s.headline, bool):
+            raise bad(f"shape {s.name}: headline must be true or false")
+    names = [s.name for s in shapes]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise bad(f"shape names must be unique ({', '.join(duplicates)} is used twice)")
     if sum(s.headline for s in shapes) != 1:
-        raise UserError(f"{manifest_path}: exactly one shape must have headline = true")
+        raise bad("exactly one shape must have headline = true")
+    requires_gpu = manifest.get("requires_gpu", True)
+    if not isinstance(requires_gpu, bool):
+        raise bad(f"requires_gpu must be true or false, not {requires_gpu!r}")
+    tolerance = manifest.get("tolerance", {})
+    if not isinstance(tolerance, dict) or not all(
+            isinstance(t, dict) and set(t) == set(TOLERANCE_KEYS) and all(map(_number, t.values()))
+            for t in tolerance.values()):
+        raise bad("each [tolerance.<dtype>] table needs numbers rtol, atol and max_rel_err")
+    candidates = manifest.get("candidates", {})
+    if not isinstance(candidates, dict) or not all(isinstance(v, list) and v
+                                                   for v in candidates.values()):
+        raise bad("[candidates] maps knob names to non-empty lists of values")
+    judge = (repo_root / judge_rel).resolve()
     if not judge.is_file():
-        raise UserError(f"{manifest_path}: judge {manifest['judge']} does not exist")
+        raise bad(f"judge {judge_rel} does not exist")
     if folder in judge.parents:
-        raise UserError(f"{manifest_path}: the judge must live outside the kernel folder, "
-                        "since the loop may change everything inside it")
-    candidates = {k: tuple(freeze(v) for v in vals)
-                  for k, vals in manifest.get("candidates", {}).items()}
-    return KernelSpec(name, folder, judge, shapes, candidates,
-                      bool(manifest.get("requires_gpu", True)))
+        raise bad("the judge must live outside the kernel folder, since the loop may change "
+                  "everything inside it")
+    return KernelSpec(name, folder, judge, shapes,
+                      {k: tuple(freeze(v) for v in vals) for k, vals in candidates.items()},
+                      requires_gpu, tolerance, judge_rel, text)
 
 
 def import_module(folder: Path, tag: str):

@@ -1,6 +1,8 @@
 """The run: setup (branch, baseline), then one optimization per iteration until a stop rule.
 
 This is the whole of `perfloop run`; `init` and `step` drive the same pieces one at a time.
+Every check that can refuse runs before anything is written; a baseline that fails is undone
+(back on the user's branch, the attempt archived), so a failed start leaves nothing half made.
 """
 
 from __future__ import annotations
@@ -8,58 +10,109 @@ from __future__ import annotations
 import shutil
 import time
 from datetime import date
+from pathlib import Path
 from typing import Callable
 
-from perfloop import gitops, iteration
+from perfloop import audit, confirm, gitops, iteration, kernel
 from perfloop.errors import UserError
-from perfloop.iteration import BASELINE, PLAYBOOK, Proposal
-from perfloop.session import Session, State
+from perfloop.iteration import AGENT, BASELINE, PLAYBOOK, Proposal
+from perfloop.session import Session, State, sha256_file
 from perfloop.suggest import suggestions
 
 
-def start(s: Session, new: bool = False) -> dict:
-    """Create the run's branch and state, and measure the baseline (iteration 0)."""
+def _archive(s: Session, existing: State) -> Path:
+    archive = (s.sandbox.parent / "_archive" / s.spec.name /
+               f"{existing.branch}-{int(existing.started_at)}")
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    shutil.move(str(s.sandbox), archive)
+    return archive
+
+
+def _require_startable(s: Session, new: bool) -> State | None:
+    """Everything init checks before it writes anything."""
     gitops.current_branch(s.repo)
     gitops.require_clean(s.repo)
+    folder = s.folder_rel
+    loose = s.changes_inside_folder()
+    missing = [name for name in (kernel.MANIFEST, kernel.KNOBS, kernel.MODULE)
+               if gitops.file_at(s.repo, "HEAD", f"{folder}/{name}") is None]
+    if missing or loose:
+        raise UserError(f"the kernel folder {folder}/ is not committed "
+                        f"({gitops.listing(missing or loose)}); perfloop records experiments as "
+                        "commits on top of it: `git add` and `git commit` it first")
+    judge = s.spec.judge_rel
+    if not gitops.tracked(s.repo, [judge]) or s.repo.ignored(judge):
+        raise UserError(f"the judge {judge} is not a tracked file; commit it (not under an "
+                        "ignored path), so that the run can pin it")
+    s.spec.read_knobs()  # a committed knobs.json that is not valid JSON: say so now
+    shadows = audit.unpinned_modules(s.repo, s.root, s.spec.judge, "HEAD",
+                                     [s.spec.folder, s.root / "sandbox"])
+    if shadows:
+        raise UserError(f"{gitops.listing(shadows)} could be imported by the judge but is not "
+                        "committed (new, ignored or changed); commit or remove it first")
     existing = s.load_state()
+    if existing is not None and not existing.stopped and not new:
+        what = "was interrupted" if existing.interrupted or existing.in_flight else "is in progress"
+        raise UserError(f"a run of '{s.spec.name}' {what} on branch {existing.branch}; continue "
+                        "it with `perfloop run --resume`, or pass --new to archive it and start over")
+    return existing
+
+
+def start(s: Session, new: bool = False) -> dict:
+    """Create the run's branch and state, and measure the baseline (iteration 0). A baseline
+    that does not pass is undone: the user is back on their branch, the attempt archived."""
+    existing = _require_startable(s, new)
+    previous = gitops.current_branch(s.repo)
     if existing is not None:
-        if not existing.stopped and not new:
-            raise UserError(f"a run of '{s.spec.name}' is in progress on branch "
-                            f"{existing.branch}; continue it with `perfloop run --resume`, or "
-                            "pass --new to archive it and start over")
-        archive = (s.sandbox.parent / "_archive" / s.spec.name /
-                   f"{existing.branch}-{int(existing.started_at)}")
-        archive.parent.mkdir(parents=True, exist_ok=True)
-        shutil.move(str(s.sandbox), archive)
+        _archive(s, existing)
     s.ensure_sandbox_ignored()
-    base = f"cutile-perf-{s.spec.name}-{date.today():%Y%m%d}"
-    branch = gitops.unique_branch(s.repo, base)
+    branch = gitops.unique_branch(s.repo, f"cutile-perf-{s.spec.name}-{date.today():%Y%m%d}")
     sha = gitops.head(s.repo)
     gitops.create_branch(s.repo, branch)
+    gitops.set_ref(s.repo, f"{gitops.REF_PREFIX}/{branch}/base", sha)  # reserves the name
     s.begin(State(kernel=s.spec.name, folder=s.folder_rel, branch=branch, base_commit=sha,
-                  incumbent=sha))
-    return iteration.run(s, Proposal(BASELINE))
+                  incumbent=sha, judge=s.spec.judge_rel,
+                  judge_sha256=sha256_file(s.spec.judge), manifest=s.spec.manifest_text,
+                  rules=s.playbook.rules_dict()))
+    record = iteration.run(s, Proposal(BASELINE))
+    if record["status"] != "keep":
+        gitops.switch_back(s.repo, previous, branch)
+        archive = _archive(s, s.state)
+        record["undone"] = (f"the baseline did not pass, so the run was undone: back on "
+                            f"{previous}, branch {branch} deleted, the attempt's record in {archive}")
+    return record
 
 
-def prepare_step(s: Session) -> None:
-    """Checks before any experiment: the run exists, nothing is half done, the tree is ours."""
+def prepare_step(s: Session, kind: str) -> None:
+    """Checks before any experiment: the run exists, nothing is half done, the tree holds only
+    what this step may commit, and the judge and contract are as pinned."""
     if s.state.in_flight:
         raise UserError(f"iteration {s.state.in_flight['iteration']} of '{s.spec.name}' was "
                         "interrupted; finish it with `perfloop run --resume` or "
                         "`perfloop step --resume`")
-    s.check_records_match_table()
     s.require_on_branch()
+    s.require_at_incumbent()
     s.require_no_outside_changes()
+    s.require_pinned()
+    inside = s.changes_inside_folder()
+    if kind == AGENT and not inside:
+        raise UserError(f"nothing to judge: no uncommitted changes inside {s.folder_rel}/")
+    if kind == PLAYBOOK and inside:
+        raise UserError(f"refused: uncommitted edits inside {s.folder_rel}/ "
+                        f"({gitops.listing(inside)}); judge them with `perfloop step --describe`, "
+                        "or commit or discard them, before a playbook step")
 
 
 def resume(s: Session) -> dict | None:
     """Make an interrupted run consistent and redo the interrupted experiment, if any."""
-    if gitops.current_branch(s.repo) != s.state.branch:
-        gitops.checkout(s.repo, s.state.branch)
+    s.require_on_branch()
     s.require_no_outside_changes()
+    s.require_pinned()
+    if s.state.in_flight is None:
+        s.require_at_incumbent()
     redo = iteration.recover(s)
-    if s.state.stopped and s.state.stopped.startswith("interrupted"):
-        s.state.stopped = None
+    if s.state.interrupted:
+        s.state.interrupted = None
         s.save_state()
     return iteration.run(s, redo) if redo else None
 
@@ -73,7 +126,8 @@ def next_proposal(s: Session) -> Proposal | None:
 
 
 def run(s: Session, report: Callable[[dict], None], max_iterations: int | None = None) -> str:
-    """Iterate until a stop rule fires; returns the stop reason."""
+    """Iterate until a stop rule fires; returns the stop reason. When a rule fires, the
+    baseline and the final incumbent are timed against each other in one process."""
     done = 0
     try:
         while not s.state.stopped:
@@ -84,12 +138,13 @@ def run(s: Session, report: Callable[[dict], None], max_iterations: int | None =
                 s.state.stopped = "nothing left to try"
                 s.save_state()
                 break
-            prepare_step(s)
+            prepare_step(s, PLAYBOOK)
             report(iteration.run(s, proposal))
             done += 1
     except KeyboardInterrupt:
         iteration.recover(s)  # sets the half-done experiment aside; resume redoes it
-        s.state.stopped = f"interrupted at {time.strftime('%H:%M:%S')}"
+        s.state.interrupted = f"interrupted at {time.strftime('%H:%M:%S')}"
         s.save_state()
         raise
+    confirm.ensure(s)
     return s.state.stopped

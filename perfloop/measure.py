@@ -1,47 +1,126 @@
 """The timing harness: warm-up and repetitions set by time, variants timed in alternating
-rounds in one process, raw samples kept. The clock is pluggable: CUDA events with an L2
-flush before every repetition on a GPU, or a kernel's own Clock (scripted test kernels)."""
+rounds in one process, raw samples kept, and one randomly chosen repetition of every batch
+checked against the reference on fresh inputs.
+
+The clock is pluggable: CUDA events on a GPU (CudaClock), or a kernel's own Clock (scripted
+test kernels). A clock has `time_batch(fn, reps, before) -> [ms]` and `describe() -> dict`;
+`before(i)` runs ahead of repetition i, outside the timed window.
+"""
 
 from __future__ import annotations
 
+import gc
+import random
 import statistics
-from dataclasses import asdict, dataclass
+import time
+from dataclasses import asdict, dataclass, field
 from typing import Callable, Protocol
 
 from perfloop.playbook import Measure
 
 
 class Clock(Protocol):
-    def time_batch(self, fn: Callable[[], object], reps: int) -> list[float]: ...
+    def time_batch(self, fn: Callable[[], object], reps: int,
+                   before: Callable[[int], None] | None = None) -> list[float]: ...
     def describe(self) -> dict: ...
 
 
 class CudaClock:
-    """CUDA events around each launch; before each, a buffer twice the L2 size is written so
-    every repetition starts with the inputs out of L2."""
+    """Device time of one call, with neither host time nor someone else's memory traffic in it.
+
+    Before each repetition, outside the timed window:
+      - a read of a buffer twice the L2 size evicts the inputs from L2. It only reads, so it
+        leaves no dirty lines whose write-back would land in the next timed kernel (a zero_
+        flush does: measured on an H100, +10 us on a 117 MB read-only reduction);
+      - a sleep kernel keeps the GPU busy while the host issues the call, so the GPU never
+        idles inside the window waiting for the host. Its length (`pad_us`) is set from the
+        host time of the variants being timed, and repetitions whose host time outgrew it are
+        counted (`host_bound`), so the caller can lengthen the pad and time them again.
+    Events are bound to torch's C classes when the clock is made, before any kernel code is
+    imported, so replacing torch.cuda.Event afterwards does not change what is measured.
+    """
 
     def __init__(self, device="cuda"):
         import torch
 
         self.torch = torch
-        props = torch.cuda.get_device_properties(device)
+        self.device = torch.device(device)
+        props = torch.cuda.get_device_properties(self.device)
         self.flush_bytes = max(2 * props.L2_cache_size, 64 << 20)
-        self.flush = torch.empty(self.flush_bytes, dtype=torch.int8, device=device)
+        self._flush_buf = torch.ones(self.flush_bytes // 8, dtype=torch.int64, device=self.device)
+        self._sink = torch.empty((), dtype=torch.int64, device=self.device)
+        self._sum, self._sleep, self._sync = torch.sum, torch.cuda._sleep, torch.cuda.synchronize
+        self._event = torch.cuda.Event
+        self._elapsed = torch._C._CudaEventBase.elapsed_time
+        record, self.stream = torch._C._CudaEventBase.record, torch.cuda.current_stream(self.device)
+        self._record = lambda event: record(event, self.stream)
+        self.cycles_per_us = self._calibrate()
+        self.pad_us = 20.0
+        self.host_bound = 0
 
-    def time_batch(self, fn, reps):
-        cuda = self.torch.cuda
-        events = [(cuda.Event(enable_timing=True), cuda.Event(enable_timing=True))
+    def flush(self) -> None:
+        self._sum(self._flush_buf, dim=0, out=self._sink)
+
+    def _calibrate(self) -> float:
+        """Sleep-kernel cycles per microsecond, measured (clocks vary by GPU and by load)."""
+        cycles = 1_000_000
+        self._sleep(cycles)
+        start, end = self._event(enable_timing=True), self._event(enable_timing=True)
+        times = []
+        for _ in range(3):
+            self._record(start)
+            self._sleep(cycles)
+            self._record(end)
+            self._sync()
+            times.append(self._elapsed(start, end))
+        return cycles / (statistics.median(times) * 1000.0)
+
+    def time_batch(self, fn, reps, before=None):
+        events = [(self._event(enable_timing=True), self._event(enable_timing=True))
                   for _ in range(reps)]
-        for start, end in events:
-            self.flush.zero_()
-            start.record()
-            fn()
-            end.record()
-        cuda.synchronize()
-        return [start.elapsed_time(end) for start, end in events]
+        cycles = int(self.pad_us * self.cycles_per_us)
+        limit = self.pad_us * 1e-6
+        bound = 0
+        gc_was_on = gc.isenabled()
+        gc.disable()
+        try:
+            for i, (start, end) in enumerate(events):
+                if before is not None:
+                    before(i)
+                self.flush()
+                self._sleep(cycles)
+                self._record(start)
+                t0 = time.perf_counter()
+                fn()
+                if time.perf_counter() - t0 > limit:
+                    bound += 1
+                self._record(end)
+            self._sync()
+        finally:
+            if gc_was_on:
+                gc.enable()
+        self.host_bound += bound
+        return [self._elapsed(start, end) for start, end in events]
 
     def describe(self):
-        return {"clock": "cuda-events", "l2_flush_bytes": self.flush_bytes}
+        return {"clock": "cuda-events", "l2_flush": "read-only sum", "l2_flush_bytes":
+                self.flush_bytes, "pad": "sleep kernel ahead of each call, longer than its "
+                "host time", "sleep_cycles_per_us": round(self.cycles_per_us, 1)}
+
+
+def host_us(fn: Callable[[], object], calls: int) -> list[float]:
+    """Host time of each call, in microseconds (what launching costs the CPU)."""
+    out = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t0) * 1e6)
+    return out
+
+
+def pad_for(host_samples: list[float]) -> float:
+    """A sleep long enough that the host finishes issuing the call before the GPU gets to it."""
+    return max(20.0, 1.5 * max(host_samples) + 20.0)
 
 
 def warm_up(clock: Clock, fn, warmup_ms: float) -> float:
@@ -55,24 +134,103 @@ def warm_up(clock: Clock, fn, warmup_ms: float) -> float:
     return statistics.median(recent)
 
 
+@dataclass
+class Checked:
+    """What the verified repetitions of one variant showed."""
+
+    passed: bool = True
+    failures: list = field(default_factory=list)     # [{round, detail}] of the rounds that failed
+    verified_ms: list = field(default_factory=list)  # the verified repetitions' times
+    other_ms: list = field(default_factory=list)     # all other repetitions' times
+
+
+class Verifier(Protocol):
+    """Poison before every repetition; fresh inputs and their reference for the verified one;
+    a copy of its output; the check of that copy."""
+
+    def before_each(self) -> None: ...
+    def fresh(self, round_index: int, label: str) -> None: ...
+    def snapshot(self) -> None: ...
+    def check(self) -> dict: ...
+
+
 @dataclass(frozen=True)
 class Rounds:
     reps: int
-    rounds: dict  # label -> list (one per round) of lists of samples in ms
+    rounds: dict                                   # label -> [[samples of one round]]
+    host_us: dict                                  # label -> [host time per call]
+    pad_us: float
+    checked: dict = field(default_factory=dict)    # label -> Checked
+
+    def to_json(self) -> dict:
+        return {"reps": self.reps, "rounds": self.rounds, "host_us": self.host_us,
+                "pad_us": self.pad_us, "checked": {k: asdict(v) for k, v in self.checked.items()}}
 
 
-def alternating(clock: Clock, launchers: dict[str, Callable], settings: Measure) -> Rounds:
+def alternating(clock: Clock, launchers: dict[str, Callable], settings: Measure,
+                verifier: Verifier | None = None, rng: random.Random | None = None,
+                unverified: set = frozenset(),
+                on_batch: Callable[[str], None] = lambda label: None) -> Rounds:
     """Time every variant in each round, in an order that reverses every round, so slow drift
-    of clocks or temperature falls on all variants alike."""
+    of clocks or temperature falls on all variants alike. In each batch one repetition, at a
+    random place, runs on fresh inputs and its output is checked (with a verifier; except for
+    `unverified` labels, which return their result instead of writing the output)."""
+    rng = rng or random.Random()
     labels = list(launchers)
-    estimates = {label: warm_up(clock, launchers[label], settings.warmup_ms) for label in labels}
+    host = {}
+    for label in labels:
+        on_batch(label)
+        launchers[label]()  # first call: compile, load, and any autotuning, outside the host timing
+        host[label] = host_us(launchers[label], 5)
+    if hasattr(clock, "pad_us"):
+        clock.pad_us = pad_for([h for hs in host.values() for h in hs])
+    estimates = {}
+    for label in labels:
+        on_batch(label)
+        estimates[label] = warm_up(clock, launchers[label], settings.warmup_ms)
     typical = max(statistics.median(estimates.values()), 1e-4)
     reps = int(min(max(settings.round_ms / typical, settings.min_reps), settings.max_reps))
     rounds = {label: [] for label in labels}
+    checked = {label: Checked() for label in labels}
     for r in range(settings.rounds):
         for label in labels if r % 2 == 0 else reversed(labels):
-            rounds[label].append(clock.time_batch(launchers[label], reps))
-    return Rounds(reps, rounds)
+            on_batch(label)
+            samples = _batch(clock, launchers[label], reps,
+                             None if label in unverified else verifier, r, label, rng,
+                             checked[label])
+            rounds[label].append(samples)
+    return Rounds(reps, rounds, host, getattr(clock, "pad_us", 0.0), checked)
+
+
+def _batch(clock, fn, reps, verifier, round_index, label, rng, checked: Checked) -> list[float]:
+    """One variant's repetitions of one round. With a verifier, one of them (at a random place,
+    so a kernel cannot count its way to it) runs on fresh inputs and its output is checked. A
+    batch in which the host outran the pad is timed again with a longer pad."""
+    k = rng.randrange(reps)
+
+    def before(i):
+        if i == k + 1:
+            verifier.snapshot()  # the checked repetition's output, before it is poisoned again
+        verifier.before_each()
+        if i == k:
+            verifier.fresh(round_index, label)
+
+    for _attempt in range(3):
+        bound = getattr(clock, "host_bound", 0)
+        samples = clock.time_batch(fn, reps, before if verifier else None)
+        if verifier and k == reps - 1:
+            verifier.snapshot()
+        if getattr(clock, "host_bound", 0) == bound:
+            break
+        clock.pad_us *= 2
+    if verifier:
+        result = verifier.check()
+        if not result["passed"]:
+            checked.passed = False
+            checked.failures.append({"round": round_index, **result})
+        checked.verified_ms.append(samples[k])
+        checked.other_ms.extend(s for i, s in enumerate(samples) if i != k)
+    return samples
 
 
 def method(clock: Clock, settings: Measure, reps: int) -> dict:

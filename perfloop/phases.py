@@ -1,10 +1,18 @@
-"""The two measured phases of an experiment, each in a child process under a deadline:
-the judge (the kernel's pytest file) and the timing worker."""
+"""The two measured phases of an experiment, each in child processes under a deadline: the
+judge (the kernel's pytest file) and the timing worker.
+
+Both children get the same environment: nothing tells kernel code whether it is being judged
+or timed (the request travels in a file named on the command line). Each child writes only
+files whose names carry a fresh nonce, so a child left over from a killed run can never be
+mistaken for the current one. When a child dies or hangs, the candidate it was running is
+recorded as crashed and the others are judged or timed without it.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import statistics
 import sys
 import time
@@ -13,18 +21,23 @@ from pathlib import Path
 
 from perfloop import child, stats
 from perfloop.atomic import write_json
-from perfloop.correctness import LOG_ENV, VARIANTS_ENV
 from perfloop.playbook import Rules, thaw
+from perfloop.worker import CONTROL, INCUMBENT
 
 PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)
 
 
-def _env(phase: str, extra: dict) -> dict:
+def child_env(playbook_dir: Path, pycache: Path) -> dict:
+    """The one environment of both children. PYTHONPYCACHEPREFIX points at a fresh directory,
+    so no bytecode planted next to a source file (a judge's, a conftest's) is ever loaded."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_PARENT, env.get("PYTHONPATH")) if p)
-    env["PERFLOOP_PHASE"] = phase
+    env["PYTHONPYCACHEPREFIX"] = str(pycache)
+    env["PERFLOOP_PLAYBOOK"] = str(playbook_dir)
+    env["PYTHONUNBUFFERED"] = "1"
     env.pop("PERFLOOP_CRASH_AT", None)  # fault injection is for the parent only
-    env.update(extra)
+    for name in ("PYTEST_VERSION", "PYTEST_CURRENT_TEST"):  # the judge hides pytest's own too
+        env.pop(name, None)
     return env
 
 
@@ -33,85 +46,160 @@ def _variants_json(variants: list[dict]) -> list[dict]:
              "knobs": {k: thaw(x) for k, x in v["knobs"].items()}} for v in variants]
 
 
+def nonce() -> str:
+    return secrets.token_hex(4)
+
+
 @dataclass
 class JudgeResult:
-    crashed: bool
-    detail: str
-    passed: dict = field(default_factory=dict)   # label -> bool
+    crashed: dict = field(default_factory=dict)  # label -> why its judge died
+    passed: dict = field(default_factory=dict)   # label -> bool, for labels judged to the end
     cases: dict = field(default_factory=dict)    # label -> [case records]
+    imports: set = field(default_factory=set)    # every file a judge process imported
     wall_s: float = 0.0
+    detail: str = ""
 
 
-def judge(judge_file: Path, variants: list[dict], *, cwd: Path, work: Path, tag: str,
-          timeout_s: float) -> JudgeResult:
-    log = work / f"{tag}-correctness.jsonl"
-    log.unlink(missing_ok=True)
-    env = _env("correctness", {VARIANTS_ENV: json.dumps(_variants_json(variants)),
-                               LOG_ENV: str(log)})
+def _judge_once(judge_file: Path, variants: list[dict], *, cwd: Path, work: Path,
+                deadline: float, stall_s: float, env: dict) -> tuple:
+    tag = nonce()
+    request = work / f"judge-{tag}.json"
+    log, imports = work / f"judge-{tag}-cases.jsonl", work / f"judge-{tag}-imports.json"
+    write_json(request, {"variants": _variants_json(variants), "log": str(log),
+                         "imports_out": str(imports)})
     cmd = [sys.executable, "-m", "pytest", str(judge_file), "-q", "-p", "no:cacheprovider",
-           "-o", "addopts=", "--rootdir", str(cwd)]
-    res = child.run(cmd, timeout_s=timeout_s, log=work / f"{tag}-correctness.log", env=env, cwd=cwd)
-    if res.died or res.returncode not in (0, 1):
-        return JudgeResult(True, f"judge {res.describe()} (log: {res.log})", wall_s=res.wall_s)
+           "-p", "perfloop.judging", f"--perfloop-request={request}", "-o", "addopts=",
+           "--rootdir", str(cwd)]
+    res = child.run(cmd, timeout_s=deadline - time.monotonic(), log=work / f"judge-{tag}.log",
+                    env=env, cwd=cwd, stall_s=stall_s, progress=[log])
     cases: dict[str, list] = {v["label"]: [] for v in variants}
     if log.exists():
         for line in log.read_text().splitlines():
             entry = json.loads(line)
             cases.setdefault(entry["label"], []).append(entry)
-    # a variant the judge never reported on was not judged, so it does not pass
-    passed = {label: bool(c) and all(e["passed"] for e in c) for label, c in cases.items()}
-    if res.returncode == 1 and all(passed.values()):
-        # a test failed outside perfloop.correctness.check: no variant can be trusted
-        passed = dict.fromkeys(passed, False)
-    return JudgeResult(False, f"judge {res.describe()}", passed, cases, res.wall_s)
+    imported = set(json.loads(imports.read_text())) if imports.exists() else set()
+    return res, cases, imported
+
+
+def judge(judge_file: Path, variants: list[dict], *, cwd: Path, work: Path, deadline: float,
+          stall_s: float, env: dict) -> JudgeResult:
+    """Judge every variant in one pytest process; if it dies or hangs, judge each variant in
+    a process of its own, so one crashing candidate does not void the others."""
+    out = JudgeResult()
+    t0 = time.monotonic()
+    groups = [variants]
+    while groups:
+        group = groups.pop(0)
+        res, cases, imported = _judge_once(judge_file, group, cwd=cwd, work=work,
+                                           deadline=deadline, stall_s=stall_s, env=env)
+        out.imports |= imported
+        if res.died or res.returncode not in (0, 1):
+            if len(group) > 1 and time.monotonic() < deadline:
+                groups.extend([v] for v in group)
+                continue
+            for v in group:
+                out.crashed[v["label"]] = f"judge {res.describe()} (log: {res.log})"
+            continue
+        passed = {label: bool(c) and all(e["passed"] for e in c) for label, c in cases.items()}
+        if res.returncode == 1 and all(passed.values()):
+            # a test failed outside perfloop.correctness.check: no variant can be trusted
+            passed = dict.fromkeys(passed, False)
+        out.passed.update(passed)
+        out.cases.update(cases)
+        out.detail = f"judge {res.describe()}"
+    out.wall_s = round(time.monotonic() - t0, 3)
+    return out
 
 
 @dataclass
 class Timing:
-    crashed: bool
-    detail: str
+    crashed: str = ""                               # why the whole timing failed, if it did
     raw: dict = field(default_factory=dict)
+    excluded: dict = field(default_factory=dict)    # label -> {reason, kind} of a dropped one
+    imports: set = field(default_factory=set)
     wall_s: float = 0.0
 
 
-def time_variants(variants: list[dict], shapes: list[dict], rules: Rules, *, ceilings_cache: Path,
-                  work: Path, tag: str, timeout_s: float, cwd: Path) -> Timing:
-    out = work / f"{tag}-timing.json"
-    out.unlink(missing_ok=True)
-    spec = {"variants": _variants_json(variants), "shapes": shapes,
-            "measure": vars(rules.measure), "ceilings_cache": str(ceilings_cache), "out": str(out)}
-    spec_path = work / f"{tag}-timing-spec.json"
-    write_json(spec_path, spec)
-    res = child.run([sys.executable, "-m", "perfloop.worker", str(spec_path)], timeout_s=timeout_s,
-                    log=work / f"{tag}-timing.log", env=_env("timing", {}), cwd=cwd)
-    if res.died or res.returncode != 0 or not out.exists():
-        return Timing(True, f"timing worker {res.describe()} (log: {res.log})", wall_s=res.wall_s)
-    return Timing(False, "timed", json.loads(out.read_text()), res.wall_s)
+def _last_progress(path: Path) -> dict | None:
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return None
+    for line in reversed(lines):
+        try:
+            return json.loads(line)
+        except json.JSONDecodeError:
+            continue
+    return None
 
 
-CONTROL = "incumbent-again"  # the incumbent timed a second time: the A/A control
+def time_variants(variants: list[dict], shapes: list[dict], rules: Rules, *, contract: Path,
+                  tolerance: dict, headline: str, ceilings_cache: Path, work: Path,
+                  deadline: float, cwd: Path, env: dict, select: bool = False) -> Timing:
+    """Time all variants in one worker; if it dies or hangs in a candidate's code, drop that
+    candidate (recorded with the reason) and time the rest again."""
+    out = Timing()
+    t0 = time.monotonic()
+    remaining = list(variants)
+    while True:
+        tag = nonce()
+        result, progress = work / f"timing-{tag}.json", work / f"timing-{tag}-progress.jsonl"
+        spec = {"variants": _variants_json(remaining), "shapes": shapes,
+                "measure": vars(rules.measure), "max_fresh_ratio": rules.verify.max_fresh_ratio,
+                "contract_folder": str(contract), "tolerance": tolerance, "headline": headline,
+                "select": select, "ceilings_cache": str(ceilings_cache), "out": str(result),
+                "progress": str(progress), "imports_out": str(work / f"timing-{tag}-imports.json")}
+        spec_path = work / f"timing-{tag}-spec.json"
+        write_json(spec_path, spec)
+        res = child.run([sys.executable, "-m", "perfloop.worker", str(spec_path)],
+                        timeout_s=deadline - time.monotonic(), log=work / f"timing-{tag}.log",
+                        env=env, cwd=cwd, stall_s=rules.stall_timeout_s, progress=[progress])
+        imports = work / f"timing-{tag}-imports.json"
+        if imports.exists():
+            out.imports |= set(json.loads(imports.read_text()))
+        if res.returncode == 0 and result.exists():
+            out.raw = json.loads(result.read_text())
+            break
+        last = _last_progress(progress) or {}
+        culprit = last.get("label")
+        reason = last.get("reason") or f"timing worker {res.describe()} (log: {res.log})"
+        kind = "fail" if last.get("stage") == "tampered" else "crash"
+        if culprit in (None, INCUMBENT, CONTROL) or res.timed_out and not res.stalled:
+            out.crashed = f"{culprit}: {reason}" if culprit else reason
+            break
+        out.excluded[culprit] = {"reason": f"its code {reason}" if kind == "fail" else reason,
+                                 "kind": kind}
+        remaining = [v for v in remaining if v["label"] != culprit]
+        if len(remaining) <= 2:  # only the incumbent and its control are left
+            break
+    out.wall_s = round(time.monotonic() - t0, 3)
+    return out
 
 
-def summarize_timing(raw: dict, labels: list[str], incumbent: str,
-                     control: str = CONTROL) -> dict:
-    """Per shape: each variant's statistics, and each variant's comparison to the incumbent
-    with the noise that the A/A control showed on that shape."""
+def summarize_pass(timed_pass: dict, incumbent: str = INCUMBENT, control: str = CONTROL,
+                   ceiling: dict | None = None) -> dict:
+    """Per shape: each variant's statistics, its host time, and its comparison to the
+    incumbent with the noise that the A/A control showed on that shape."""
     shapes = {}
-    ceiling = raw.get("ceilings") or {}
-    for name, shape in raw["shapes"].items():
-        per_variant = {}
-        round_medians = {}
+    ceiling = ceiling or {}
+    for name, shape in timed_pass["shapes"].items():
+        labels = list(shape["rounds"])
+        per_variant, round_medians = {}, {}
         for label in labels:
             rounds = shape["rounds"][label]
             samples = [s for r in rounds for s in r]
             round_medians[label] = [statistics.median(r) for r in rounds]
             summary = stats.summarize(samples)
+            host = shape.get("host_us", {}).get(label) or []
             entry = {"median_ms": summary.median, "ci_low_ms": summary.ci_low,
                      "ci_high_ms": summary.ci_high, "n": summary.n,
-                     "round_medians_ms": round_medians[label], "samples_ms": samples}
+                     "round_medians_ms": round_medians[label], "samples_ms": samples,
+                     "host_us_per_call": statistics.median(host) if host else None,
+                     "host_us_samples": host,
+                     "fresh_ratio": shape.get("fresh_ratio", {}).get(label)}
             if shape.get("floor_ms"):
                 entry["gbps"] = shape["bytes"] / summary.median / 1e6
-                entry["share_of_ceiling"] = shape["floor_ms"] / summary.median
+                entry["share_of_floor"] = shape["floor_ms"] / summary.median
                 if ceiling.get("copy_gbps"):
                     entry["share_of_copy_bw"] = entry["gbps"] / ceiling["copy_gbps"]
             per_variant[label] = entry
@@ -123,7 +211,8 @@ def summarize_timing(raw: dict, labels: list[str], incumbent: str,
                        for label in labels if label != incumbent}
         shapes[name] = {"bytes": shape["bytes"], "flops": shape["flops"],
                         "floor_ms": shape.get("floor_ms"), "reps_per_round": shape["reps"],
-                        "noise": noise, "variants": per_variant, "vs_incumbent": comparisons}
+                        "pad_us": shape.get("pad_us"), "noise": noise, "variants": per_variant,
+                        "vs_incumbent": comparisons}
     return shapes
 
 

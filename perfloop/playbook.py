@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tomllib
 from dataclasses import dataclass
@@ -50,11 +51,24 @@ class Measure:
 
 
 @dataclass(frozen=True)
+class Limits:
+    iteration_timeout_s: float = 600.0
+    stall_timeout_s: float = 180.0
+
+
+@dataclass(frozen=True)
+class Verify:
+    max_fresh_ratio: float = 1.5
+
+
+@dataclass(frozen=True)
 class Rules:
     decision: Decision
     stop: Stop
     iteration_timeout_s: float
+    stall_timeout_s: float
     measure: Measure
+    verify: Verify
 
 
 @dataclass(frozen=True)
@@ -63,6 +77,9 @@ class Playbook:
     optimizations: tuple[Optimization, ...]
     rules: Rules
     autotune: dict
+
+    def rules_dict(self) -> dict:
+        return dataclasses.asdict(self.rules)
 
     def get(self, opt_id: str) -> Optimization:
         for opt in self.optimizations:
@@ -85,13 +102,13 @@ def resolve_dir(explicit: str | None, repo_root: Path | None) -> Path:
     return SHIPPED
 
 
-def read_toml(path: Path) -> dict:
+def read_toml(path: Path, what: str = "playbook file") -> dict:
     try:
         return tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise UserError(f"playbook file {path} is missing") from None
+        raise UserError(f"{what} {path} is missing") from None
     except tomllib.TOMLDecodeError as exc:
-        raise UserError(f"playbook file {path} is not valid TOML: {exc}") from None
+        raise UserError(f"{what} {path} is not valid TOML: {exc}") from None
 
 
 def _section(data: dict, name: str, cls, path: Path):
@@ -129,6 +146,34 @@ def thaw(value):
     return [thaw(v) for v in value] if isinstance(value, tuple) else value
 
 
+def rules_from_dict(raw: dict, where: str = "pinned rules") -> Rules:
+    try:
+        return Rules(decision=Decision(**raw["decision"]), stop=Stop(**raw["stop"]),
+                     iteration_timeout_s=raw["iteration_timeout_s"],
+                     stall_timeout_s=raw["stall_timeout_s"], measure=Measure(**raw["measure"]),
+                     verify=Verify(**raw["verify"]))
+    except (KeyError, TypeError) as exc:
+        raise UserError(f"{where} are incomplete ({exc.__class__.__name__}: {exc}); start a new "
+                        "run with --new") from None
+
+
+def with_rules(book: Playbook, raw: dict) -> Playbook:
+    """The playbook with the rules a run pinned when it started."""
+    return dataclasses.replace(book, rules=rules_from_dict(raw))
+
+
+def _typed(cls, raw: dict, section: str, path: Path):
+    """A section's values, each of the type its field declares (an int may stand for a float)."""
+    obj = _section(raw, section, cls, path)
+    for f in dataclasses.fields(cls):
+        value = getattr(obj, f.name)
+        want = {"float": (int, float), "int": (int,), "bool": (bool,)}.get(str(f.type), ())
+        if want and (not isinstance(value, want) or (isinstance(value, bool) and f.type != "bool")):
+            raise UserError(f"{path}: [{section}] {f.name} must be a number "
+                            f"({f.type}), not {value!r}")
+    return obj
+
+
 def load(directory: Path) -> Playbook:
     catalog_path = directory / "catalog.toml"
     rules_path = directory / "rules.toml"
@@ -138,12 +183,14 @@ def load(directory: Path) -> Playbook:
     ids = [o.id for o in opts]
     if len(set(ids)) != len(ids):
         raise UserError(f"{catalog_path}: optimization ids must be unique")
-    limits = rules.get("limits", {})
+    limits = _typed(Limits, rules, "limits", rules_path)
     parsed = Rules(
-        decision=_section(rules, "decision", Decision, rules_path),
-        stop=_section(rules, "stop", Stop, rules_path),
-        iteration_timeout_s=float(limits.get("iteration_timeout_s", 600)),
-        measure=_section(rules, "measure", Measure, rules_path),
+        decision=_typed(Decision, rules, "decision", rules_path),
+        stop=_typed(Stop, rules, "stop", rules_path),
+        iteration_timeout_s=float(limits.iteration_timeout_s),
+        stall_timeout_s=float(limits.stall_timeout_s),
+        measure=_typed(Measure, rules, "measure", rules_path),
+        verify=_typed(Verify, rules, "verify", rules_path),
     )
     autotune_path = directory / "autotune.toml"
     autotune = read_toml(autotune_path) if autotune_path.exists() else {}

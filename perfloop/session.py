@@ -1,31 +1,37 @@
-"""One kernel's run: where its files live, its persisted state, and the checks that guard
-the user's work before anything is written."""
+"""One kernel's run: where its files live, its persisted state, what was pinned when it
+started, and the checks that guard the user's work and the judge before anything is written."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from perfloop import gitops, kernel, playbook, records, table
+from perfloop import audit, gitops, kernel, playbook, records, table
 from perfloop.atomic import write_json
 from perfloop.errors import NeedsGPU, UserError
 
-STATE_SCHEMA = 1
+STATE_SCHEMA = 2
 
 
 @dataclass
 class State:
     kernel: str
     folder: str               # the kernel folder, relative to the repository root
-    branch: str
-    base_commit: str          # where the run branched off
+    branch: str               # the run's branch; also its id, never reused in this repository
+    base_commit: str          # where the run branched off; the contract is pinned from it
     incumbent: str            # the commit every candidate is compared against
+    judge: str = ""           # pinned: the judge's path, relative to the repository root
+    judge_sha256: str = ""    # pinned: the judge's content
+    manifest: str = ""        # pinned: kernel.toml as committed at base_commit
+    rules: dict = field(default_factory=dict)   # pinned: the playbook's rules.toml values
     kernel_class: str = ""
     intensity: float | None = None
-    stopped: str | None = None
+    stopped: str | None = None       # why the run finished (a stop rule), or None
+    interrupted: str | None = None   # set by Ctrl-C; `run --resume` goes on
     in_flight: dict | None = None
     started_at: float = field(default_factory=time.time)
     schema: int = STATE_SCHEMA
@@ -42,14 +48,21 @@ def require_gpu() -> None:
                        f"(torch {torch.__version__}, CUDA {torch.version.cuda})")
 
 
+def sha256_file(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 class Session:
     def __init__(self, kernel_arg: str, playbook_dir: str | None = None):
         folder = kernel.find_folder(kernel_arg, gitops.cwd_root())
         self.repo = gitops.open_repo(folder)
         self.root = gitops.root(self.repo)
-        self.spec = kernel.load_spec(folder, self.root)
         self.folder_rel = gitops.rel(self.repo, folder)
-        self.playbook = playbook.load(playbook.resolve_dir(playbook_dir, self.root))
+        # the committed manifest: an uncommitted edit to it never changes what a run measures
+        committed = gitops.file_at(self.repo, "HEAD", f"{self.folder_rel}/{kernel.MANIFEST}")
+        self.spec = kernel.load_spec(folder, self.root, committed)
+        self.playbook_dir = playbook.resolve_dir(playbook_dir, self.root)
+        self.playbook = playbook.load(self.playbook_dir)
         self.sandbox = self.root / "sandbox" / self.spec.name
         self.table_path = self.sandbox / "perf_results.md"
         self.records_path = self.sandbox / "experiments.jsonl"
@@ -63,19 +76,27 @@ class Session:
     def state(self) -> State:
         """The run's state; a clear error when this kernel has no run yet."""
         if self._state is None:
-            self._state = self.load_state()
-            if self._state is None:
+            loaded = self.load_state()
+            if loaded is None:
                 raise UserError(f"no run of '{self.spec.name}' yet: start one with "
                                 f"`perfloop init --kernel {self.spec.name}` or `perfloop run`")
+            self._adopt(loaded)
         return self._state
+
+    def _adopt(self, state: State) -> None:
+        """Use what the run pinned: its manifest and its rules, whatever the tree says now."""
+        self._state = state
+        self.spec = kernel.load_spec(self.spec.folder, self.root, state.manifest)
+        self.current_rules = self.playbook.rules
+        self.playbook = playbook.with_rules(self.playbook, state.rules)
 
     def require_run(self) -> State:
         return self.state
 
     def begin(self, state: State) -> None:
         """A new run: its state becomes this session's and is saved."""
-        self._state = state
         self.sandbox.mkdir(parents=True, exist_ok=True)
+        self._adopt(state)
         self.save_state()
 
     def load_state(self) -> State | None:
@@ -84,17 +105,41 @@ class Session:
         try:
             raw = json.loads(self.state_path.read_text())
             if raw.get("schema") != STATE_SCHEMA:
-                raise ValueError(f"schema {raw.get('schema')}")
-            return State(**raw)
+                raise ValueError(f"schema {raw.get('schema')}, expected {STATE_SCHEMA}")
+            state = State(**raw)
+            for name in ("kernel", "folder", "branch", "base_commit", "incumbent", "manifest",
+                         "judge", "judge_sha256"):
+                if not isinstance(getattr(state, name), str) or not getattr(state, name):
+                    raise ValueError(f"'{name}' is missing")
         except (json.JSONDecodeError, TypeError, ValueError, AttributeError) as exc:
-            raise UserError(f"{self.state_path} is corrupted ({exc.__class__.__name__}); "
-                            "restore it or move it aside") from None
+            raise UserError(f"{self.state_path} is corrupted ({exc.__class__.__name__}: {exc}); "
+                            "restore it, or move it aside and start a new run") from None
+        for name in ("base_commit", "incumbent"):
+            sha = getattr(state, name)
+            if not gitops.commit_exists(self.repo, sha):
+                raise UserError(f"{self.state_path} names {name} {sha[:12]}, which is not a "
+                                "commit in this repository; restore the file or move it aside")
+        self._check_record(state)
+        return state
+
+    def _check_record(self, state: State) -> None:
+        """The table and the record must agree (one row per experiment; a row may lag its
+        record by one after a kill, which recovery completes)."""
+        recs, rows = self.records(), table.read_rows(self.table_path)
+        if len(rows) > len(recs) or len(rows) < len(recs) - 1:
+            raise UserError(f"{self.table_path} has {len(rows)} rows but {self.records_path} "
+                            f"has {len(recs)} experiments; one of them was edited or truncated "
+                            "by hand: restore it, or move the run aside with --new")
 
     def save_state(self) -> None:
         write_json(self.state_path, asdict(self.state))
 
-    def records(self) -> list[dict]:
+    def all_records(self) -> list[dict]:
         return records.load(self.records_path)
+
+    def records(self) -> list[dict]:
+        """The experiments (one per table row), without confirmations."""
+        return [r for r in self.all_records() if r.get("kind") != records.CONFIRMATION]
 
     # ---- guards ------------------------------------------------------------------------
     def ensure_sandbox_ignored(self) -> None:
@@ -122,25 +167,56 @@ class Session:
                             "only edits inside it and has left everything as it was")
 
     def require_on_branch(self) -> None:
-        branch = gitops.current_branch(self.repo)
-        if branch != self.state.branch:
-            raise UserError(f"the run of '{self.spec.name}' lives on branch {self.state.branch}, "
-                            f"but {branch} is checked out; `git checkout {self.state.branch}`")
-        if gitops.head(self.repo) != self.state.incumbent and not self.state.in_flight:
+        branch = self.state.branch
+        if not gitops.branch_exists(self.repo, branch):
+            raise UserError(f"the run's branch {branch} no longer exists (its experiments are "
+                            f"under {gitops.REF_PREFIX}/{branch}/); start a new run with --new")
+        current = gitops.current_branch(self.repo)
+        if current != branch:
+            raise UserError(f"the run of '{self.spec.name}' lives on branch {branch}, "
+                            f"but {current} is checked out; `git checkout {branch}`")
+
+    def require_at_incumbent(self) -> None:
+        if gitops.head(self.repo) != self.state.incumbent:
             raise UserError(f"branch {self.state.branch} has moved off the incumbent "
                             f"{self.state.incumbent[:12]}; perfloop will not guess which "
                             "commit to compare against")
 
-    def check_records_match_table(self) -> None:
-        recs, rows = self.records(), table.read_rows(self.table_path)
-        if len(rows) > len(recs):
-            raise UserError(f"{self.table_path} has {len(rows)} rows but the record has "
-                            f"{len(recs)} experiments; one of them was edited by hand")
+    def require_pinned(self) -> None:
+        """The judge, the manifest, the rules and what the judge imports are as pinned when
+        the run started; otherwise nothing is run, and the line names the file."""
+        st = self.state
+        manifest = f"{self.folder_rel}/{kernel.MANIFEST}"
+        if (self.spec.folder / kernel.MANIFEST).read_text(encoding="utf-8") != st.manifest:
+            raise UserError(f"refused: {manifest} is pinned for this run (judge, shapes, "
+                            "tolerances); undo the edit, or start a new run with --new")
+        judge = self.root / st.judge
+        if not judge.is_file() or not gitops.tracked(self.repo, [st.judge]) \
+                or sha256_file(judge) != st.judge_sha256:
+            raise UserError(f"refused: the judge {st.judge} is not the file pinned when the run "
+                            "started (changed, untracked or deleted); restore it")
+        if self.current_rules != self.playbook.rules:
+            raise UserError(f"refused: {self.playbook_dir / 'rules.toml'} differs from the "
+                            "rules pinned when the run started; restore it, or start a new run "
+                            "with --new")
+        shadows = audit.unpinned_modules(self.repo, self.root, judge, st.base_commit,
+                                         [self.spec.folder, self.root / "sandbox"])
+        if shadows:
+            raise UserError(f"refused: {gitops.listing(shadows)} could be imported by the "
+                            "judge and differs from the run's base commit (new, ignored or "
+                            "changed); remove or commit it outside a run")
 
     # ---- derived views -----------------------------------------------------------------
-    def export_commit(self, sha: str) -> Path:
-        return gitops.export_folder(self.repo, sha, self.folder_rel,
-                                    self.sandbox / "trees" / sha[:12])
+    def export_commit(self, sha: str, dest: Path) -> Path:
+        return gitops.export_folder(self.repo, sha, self.folder_rel, dest)
+
+    def incumbent_knobs(self) -> dict:
+        text = gitops.file_at(self.repo, self.state.incumbent, f"{self.folder_rel}/{kernel.KNOBS}")
+        if text is None:
+            raise UserError(f"the incumbent {self.state.incumbent[:12]} has no "
+                            f"{self.folder_rel}/{kernel.KNOBS}")
+        return kernel.parse_knobs(text, f"{self.folder_rel}/{kernel.KNOBS} at "
+                                        f"{self.state.incumbent[:12]}")
 
     def ref_name(self, iteration: int, what: str = "iter") -> str:
         return f"{gitops.REF_PREFIX}/{self.state.branch}/{what}-{iteration:02d}"

@@ -18,6 +18,6 @@ def penalties(s: Session, recs: list[dict]) -> dict[str, int]:
 def suggestions(s: Session) -> list[decide.Suggestion]:
     recs = s.records()
     tried = {r["optimization"] for r in recs if r["kind"] == "playbook"}
-    knobs = s.spec.read_knobs(s.export_commit(s.state.incumbent))
+    knobs = s.incumbent_knobs()
     return decide.rank(s.playbook.optimizations, s.state.kernel_class, knobs,
                        s.spec.candidates, tried, penalties(s, recs))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from perfloop import confirm
 from perfloop.session import Session
 
 SCHEMA = 1
@@ -34,15 +35,34 @@ def incumbent(s: Session, recs: list[dict]) -> dict:
             "knobs": last["knobs"] if last else None}
 
 
+def speedup(s: Session, recs: list[dict]) -> dict:
+    """The headline speedup of the incumbent over the baseline: the one-process confirmation
+    when the run has one for this incumbent, else the product of the kept experiments' ratios
+    (each measured in one process against its own incumbent)."""
+    head = s.spec.headline.name
+    confirmed = confirm.latest(s)
+    if confirmed and head in confirmed["shapes"]:
+        shape = confirmed["shapes"][head]
+        return {"speedup": shape["speedup"], "ci": shape.get("speedup_ci"),
+                "method": "one-process confirmation", "shapes": confirmed["shapes"]}
+    value = 1.0
+    for r in recs[1:]:
+        if r["status"] == "keep" and r["decision"].get("gain") is not None:
+            value /= 1.0 - r["decision"]["gain"]
+    return {"speedup": value if recs else None, "ci": None,
+            "method": "product of the kept experiments' in-process ratios (not confirmed)",
+            "shapes": None}
+
+
 def status(s: Session) -> dict:
     recs = s.records()
     st = s.state
     baseline = recs[0]["latency_ms"] if recs else None
     inc = incumbent(s, recs)
-    speedup = baseline / inc["latency_ms"] if baseline and inc["latency_ms"] else None
     return {"kernel": st.kernel, "branch": st.branch, "kernel_class": st.kernel_class or None,
             "intensity_flop_per_byte": st.intensity, "base_commit": st.base_commit,
-            "incumbent": inc, "baseline_latency_ms": baseline, "speedup_vs_baseline": speedup,
+            "incumbent": inc, "baseline_latency_ms": baseline,
+            "speedup_vs_baseline": speedup(s, recs)["speedup"],
             "iterations": len(recs), "experiments": [experiment(r) for r in recs],
-            "stopped": st.stopped, "in_flight": st.in_flight,
+            "stopped": st.stopped, "interrupted": st.interrupted, "in_flight": st.in_flight,
             "table": str(s.table_path), "record": str(s.records_path)}

@@ -1,63 +1,315 @@
 """The timing child: `python -m perfloop.worker SPEC.json`.
 
-Loads each variant's kernel folder (the incumbent's comes from its commit, so edited kernel
-code is compared fairly), times all variants on every shape in alternating rounds in this one
-process, and writes raw samples, ceilings and the environment to the spec's `out` path.
+What is timed comes from the variants (their kernel folders and knobs); everything that
+defines the benchmark comes from the run's pinned contract folder: inputs, the output buffer,
+the reference, bytes and FLOPs, the device and the clock. So an experiment can change how
+the kernel computes, never what it is measured on.
+
+For each shape, every variant is timed in alternating rounds (measure.alternating). In every
+batch one repetition at a random place runs on freshly drawn inputs and its output is checked
+against the float64 reference within the kernel's declared tolerance; the output is poisoned
+before every repetition, so a skipped write cannot pass. A variant that fails that check, runs
+work on another stream, raises, or replaces perfloop's functions is dropped and recorded with
+the reason; the others go on. With `select`, the fastest candidate is then timed again against
+the incumbent in fresh rounds, so the pick among several candidates is not judged on the same
+samples that picked it.
+
+Before each variant's code runs, a line naming it goes to the progress file: if this process
+dies or hangs, the parent knows whose code did it.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import random
+import statistics
 import sys
 from pathlib import Path
 
-from perfloop import ceilings, envinfo, measure
+from perfloop import ceilings, child, envinfo, measure, stats, streams, tamper, verify
 from perfloop.atomic import write_json
-from perfloop.correctness import module_for
-from perfloop.kernel import Shape
+from perfloop.judging import imported_files
+from perfloop.kernel import Shape, import_module
 from perfloop.playbook import Measure, freeze
 
+INCUMBENT, CONTROL = "incumbent", "incumbent-again"
 
-def _launcher(module, variant: dict):
-    """The kernel built with the variant's knobs, or PyTorch's own version of it (bench)."""
-    if variant.get("torch"):
+
+class VariantFailed(Exception):
+    def __init__(self, label: str, reason: str):
+        super().__init__(reason)
+        self.label, self.reason = label, reason
+
+
+class Progress:
+    """One line per step into the progress file, flushed before the variant's code runs."""
+
+    def __init__(self, path: Path):
+        self.file = open(path, "a", encoding="utf-8")
+
+    def __call__(self, label: str, stage: str, **extra) -> None:
+        self.file.write(json.dumps({"label": label, "stage": stage, **extra}) + "\n")
+        self.file.flush()
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+
+
+class OutputCheck:
+    """The verifier of measure.alternating for one shape: poison, fresh inputs, reference."""
+
+    def __init__(self, contract, shape: Shape, inputs, out, tolerance: dict, device: str,
+                 seed: int):
+        self.contract, self.shape, self.inputs, self.out = contract, shape, inputs, out
+        self.tolerance, self.device, self.seed = tolerance, device, seed
+        self.draws = 0
+        self.reference = self.copy = None
+        self.reference_dtype = "float64"
+
+    def before_each(self) -> None:
+        verify.poison(self.out)
+
+    def fresh(self, round_index: int, label: str) -> None:
+        self.draws += 1
+        new = self.contract.make_inputs(self.shape, self.seed + self.draws, self.device)
+        verify.refill(self.inputs, new)
+        self.reference = self._reference(new)
+        self.copy = None
+
+    def _reference(self, inputs):
+        if self.reference_dtype == "float64":
+            try:
+                return self.contract.reference(*verify.upcast(inputs))
+            except (TypeError, RuntimeError, NotImplementedError):
+                self.reference_dtype = "native"  # e.g. an op with no float64 kernel
+        return self.contract.reference(*inputs)
+
+    def snapshot(self) -> None:
+        self.copy = verify.clone(self.out)
+
+    def check(self) -> dict:
+        if self.copy is None:
+            self.snapshot()
+        result = verify.compare(self.copy, self.reference, self.tolerance, self.shape.dtype)
+        self.reference = self.copy = None
+        return {**result, "reference_dtype": self.reference_dtype}
+
+
+class Worker:
+    def __init__(self, spec: dict):
+        self.spec = spec
+        self.settings = Measure(**spec["measure"])
+        self.progress = Progress(Path(spec["progress"]))
+        self.failed: dict[str, dict] = {}  # label -> {reason, kind: fail (wrong) | crash}
+        self.unverified = {v["label"] for v in spec["variants"] if v.get("torch")}
+        self.progress_label = INCUMBENT
+        self.stream_check = "not run"
+        self.rng = random.Random(os.urandom(16))
+        self.contract = import_module(Path(spec["contract_folder"]), "contract")
+        self.device = getattr(self.contract, "DEVICE", "cuda")
+        self.gpu = self.device == "cuda"
+        # the clock and the tamper snapshot exist before any variant's code is imported
+        self.clock = self.contract.Clock() if hasattr(self.contract, "Clock") else measure.CudaClock()
+        self.guarded = self._guarded_objects()
+        self.before = tamper.snapshot(self.guarded)
+        self.launch = self._build_all(spec["variants"])
+
+    def _guarded_objects(self) -> dict:
+        if not self.gpu:
+            return {}
         import torch
 
-        fn = module.reference if variant["torch"] == "eager" else torch.compile(module.reference)
-        return lambda inputs, out: fn(*inputs)
-    return module.build({k: freeze(x) for k, x in variant["knobs"].items()})
+        return {"torch.cuda.Event": torch.cuda.Event, "torch.cuda.synchronize": torch.cuda.synchronize,
+                "torch.cuda._sleep": torch.cuda._sleep, "torch.sum": torch.sum}
+
+    def _fail(self, label: str, reason: str, kind: str = "fail") -> None:
+        self.failed.setdefault(label, {"reason": reason, "kind": kind})
+
+    def _check_tamper(self, label: str) -> None:
+        replaced = tamper.changed(self.before, self._guarded_objects())
+        if replaced:
+            # nothing this process measures from here on can be trusted: report and stop
+            self.progress(label, "tampered", reason="replaced perfloop's timing or checking "
+                          f"functions ({', '.join(replaced[:4])})")
+            os._exit(4)
+
+    def _build_all(self, variants: list[dict]) -> dict:
+        modules, launch = {}, {}
+        for v in variants:
+            label = v["label"]
+            self.progress(label, "build")
+            try:
+                if v.get("torch"):
+                    launch[label] = self._torch_launcher(v["torch"])
+                else:
+                    folder = v["folder"]
+                    if folder not in modules:
+                        modules[folder] = import_module(Path(folder), f"variant{len(modules)}")
+                    launch[label] = modules[folder].build({k: freeze(x) for k, x in v["knobs"].items()})
+            except Exception as exc:
+                self._fail(label, f"could not be built: {_one_line(exc)}", "crash")
+            self._check_tamper(label)
+        return launch
+
+    def _torch_launcher(self, kind: str):
+        """PyTorch's own version (bench): eager, or torch.compile made fresh for each shape
+        with dynamic=False, as a user would compile it for a fixed shape."""
+        reference = self.contract.reference
+        if kind == "eager":
+            return lambda inputs, out: reference(*inputs)
+        import torch
+
+        compiled = {}
+
+        def launch(inputs, out):
+            key = id(inputs)
+            if key not in compiled:
+                torch._dynamo.reset()
+                compiled.clear()
+                compiled[key] = torch.compile(reference, dynamic=False)
+            return compiled[key](*inputs)
+
+        return launch
+
+    # ---- timing ---------------------------------------------------------------------------
+    def time_pass(self, labels: list[str], seed: int) -> dict:
+        shapes = {}
+        for index, raw in enumerate(self.spec["shapes"]):
+            shape = Shape.from_dict(raw)
+            active = [label for label in labels if label not in self.failed]
+            if INCUMBENT not in active:
+                break
+            shapes[shape.name] = self._time_shape(shape, active, seed, index)
+        return {"labels": labels, "shapes": shapes}
+
+    def _time_shape(self, shape: Shape, labels: list[str], seed: int, index: int) -> dict:
+        inputs = self.contract.make_inputs(shape, seed, self.device)
+        out = self.contract.empty_output(inputs)
+        tolerance = self.spec.get("tolerance", {})
+        check = OutputCheck(self.contract, shape, inputs, out, tolerance, self.device,
+                            seed=1_000_003 * (index + 1) + 7919 * seed)
+        while True:
+            active = [label for label in labels if label not in self.failed]
+            bound = {label: self._bound(label, inputs, out) for label in active}
+            try:
+                self._stream_check(bound, shape)
+                active = [label for label in active if label not in self.failed]
+                rounds = measure.alternating(
+                    self.clock, {label: bound[label] for label in active}, self.settings,
+                    verifier=check, rng=self.rng, unverified=self.unverified,
+                    on_batch=lambda label: self._before_batch(label, shape))
+                break
+            except VariantFailed as exc:
+                if exc.label in (INCUMBENT, CONTROL):
+                    raise
+                self._fail(exc.label, exc.reason, "crash")
+        self._check_tamper(self.progress_label)
+        for label, checked in rounds.checked.items():
+            if not checked.passed:
+                first = checked.failures[0]
+                self._fail(label, f"timed output differs from the reference at {shape.name} "
+                                  f"({_describe_mismatch(first)})")
+            ratio = _fresh_ratio(checked)
+            limit = self.spec.get("max_fresh_ratio")
+            if limit and ratio is not None and ratio > limit:
+                self._fail(label, f"at {shape.name} the checked launches, on fresh inputs, took "
+                                  f"{ratio:.2f}x the others: its results look cached")
+        bytes_moved, flops = self.contract.traffic(shape)
+        floor = ceilings.floor_ms(bytes_moved, flops, self.ceilings) if self.ceilings else None
+        return {"bytes": bytes_moved, "flops": flops, "floor_ms": floor, **rounds.to_json(),
+                "fresh_ratio": {label: _fresh_ratio(c) for label, c in rounds.checked.items()}}
+
+    def _before_batch(self, label: str, shape: Shape) -> None:
+        self._check_tamper(getattr(self, "progress_label", label))
+        self.progress_label = label
+        self.progress(label, "time", shape=shape.name)
+
+    def _bound(self, label: str, inputs, out):
+        launch = self.launch[label]
+
+        def call():
+            try:
+                return launch(inputs, out)
+            except Exception as exc:
+                raise VariantFailed(label, f"raised while timed: {_one_line(exc)}") from None
+
+        return call
+
+    def _stream_check(self, bound: dict, shape: Shape) -> None:
+        if not self.gpu or self.spec.get("no_stream_check"):
+            return
+        for label, call in bound.items():
+            self.progress(label, "stream-check", shape=shape.name)
+            self.progress_label = label
+            call()  # compile first, so the profiled call is a plain one
+            off = streams.off_stream_activity(call)
+            self.stream_check = "profiler" if off is not None else "unavailable"
+            if off:
+                self._fail(label, f"at {shape.name} it ran work on another CUDA stream "
+                                  f"({', '.join(off[:3])}), which the clock does not see")
+
+    # ---- the whole run --------------------------------------------------------------------
+    def run(self) -> dict:
+        env = envinfo.capture(self.gpu)
+        self.ceilings = (ceilings.get(Path(self.spec["ceilings_cache"]), env, self.clock)
+                         if self.gpu else None)
+        labels = [v["label"] for v in self.spec["variants"]]
+        seed = self.spec.get("seed", 0)
+        passes = [self.time_pass(labels, seed)]
+        best = None
+        candidates = [label for label in labels[2:] if label not in self.failed]
+        if self.spec.get("select") and len(candidates) > 1 and passes[0]["shapes"]:
+            best = _fastest(passes[0], candidates, self.spec["headline"])
+            passes.append(self.time_pass([INCUMBENT, CONTROL, best], seed + 1))
+        elif len(candidates) == 1:
+            best = candidates[0]
+        reps = next(iter(passes[-1]["shapes"].values()), {}).get("reps", 0)
+        return {"environment": env, "ceilings": self.ceilings, "failed": self.failed,
+                "passes": passes, "best": best,
+                "method": {**measure.method(self.clock, self.settings, reps),
+                           "verified": "one repetition per batch, at a random place, on fresh "
+                                       "inputs, against the float64 reference",
+                           "stream_check": self.stream_check,
+                           "selection": "best candidate re-timed in fresh rounds"
+                           if len(passes) > 1 else "single pass"}}
 
 
-def _time_shape(module, clock, launch: dict, shape: Shape, settings: Measure, seed: int,
-                device: str) -> measure.Rounds:
-    """All variants on one shape's inputs, which are the same for every variant."""
-    inputs = module.make_inputs(shape, seed, device)
-    out = module.empty_output(inputs)
-    bound = {label: (lambda f=f: f(inputs, out)) for label, f in launch.items()}
-    return measure.alternating(clock, bound, settings)
+def _fresh_ratio(checked: measure.Checked) -> float | None:
+    if len(checked.verified_ms) < 3 or not checked.other_ms:
+        return None
+    other = statistics.median(checked.other_ms)
+    return statistics.median(checked.verified_ms) / other if other > 0 else None
+
+
+def _describe_mismatch(failure: dict) -> str:
+    if failure.get("error"):
+        return failure["error"]
+    return (f"{failure['non_finite']} non-finite, {failure['outside_tolerance']} outside "
+            f"atol={failure['atol']} rtol={failure['rtol']}, relative error {failure['rel_err']:.3g}")
+
+
+def _fastest(first_pass: dict, candidates: list[str], headline: str) -> str:
+    shape = first_pass["shapes"][headline]
+    medians = {label: [statistics.median(r) for r in shape["rounds"][label]]
+               for label in [INCUMBENT, *candidates]}
+    return min(candidates, key=lambda label: stats.compare(medians[INCUMBENT], medians[label]).ratio)
 
 
 def main(spec_path: str) -> int:
+    child.guard_parent()
     spec = json.loads(Path(spec_path).read_text())
-    settings = Measure(**spec["measure"])
-    variants = spec["variants"]
-    modules = {v["label"]: module_for(v["folder"]) for v in variants}
-    first = modules[variants[0]["label"]]
-    device = getattr(first, "DEVICE", "cuda")
-    gpu = device == "cuda"
-    clock = first.Clock() if hasattr(first, "Clock") else measure.CudaClock()
-    launch = {v["label"]: _launcher(modules[v["label"]], v) for v in variants}
-    env = envinfo.capture(gpu)
-    ceiling = ceilings.get(Path(spec["ceilings_cache"]), env, clock) if gpu else None
-    result = {"environment": env, "ceilings": ceiling, "shapes": {}}
-    for raw in spec["shapes"]:
-        shape = Shape.from_dict(raw)
-        timed = _time_shape(first, clock, launch, shape, settings, spec.get("seed", 0), device)
-        bytes_moved, flops = first.traffic(shape)
-        floor = ceilings.floor_ms(bytes_moved, flops, ceiling) if ceiling else None
-        result["shapes"][shape.name] = {"bytes": bytes_moved, "flops": flops, "floor_ms": floor,
-                                        "reps": timed.reps, "rounds": timed.rounds}
-    result["method"] = measure.method(clock, settings, timed.reps)
+    worker = Worker(spec)
+    try:
+        result = worker.run()
+    except VariantFailed as exc:  # the incumbent itself failed: nothing can be compared
+        worker.progress(exc.label, "failed", reason=exc.reason)
+        return 5
+    finally:
+        if spec.get("imports_out"):
+            Path(spec["imports_out"]).write_text(json.dumps(imported_files()))
     write_json(Path(spec["out"]), result)
     return 0
 

@@ -29,6 +29,12 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def pythonpath() -> str:
+    """perfloop's checkout first, then whatever PYTHONPATH already holds (on the GPU machine,
+    where cuTile itself comes from)."""
+    return os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+
+
 def git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True,
                           text=True).stdout.strip()
@@ -75,11 +81,11 @@ class Scratch:
                     f'knob = "{knob}"\nvalues = {json.dumps(values)}\n'
                     f'applies_to = ["memory-bound"]\npriority = {{ memory-bound = {priority} }}\n')
 
-    def cli(self, *args: str, env: dict | None = None, timeout: float = 300):
+    def cli(self, *args: str, env: dict | None = None, timeout: float = 600):
         """Run `python -m perfloop ... --json` here; returns (exit code, JSON answer, stderr)."""
         proc = subprocess.run([sys.executable, "-m", "perfloop", *args, "--json"],
                               cwd=self.path, capture_output=True, text=True, timeout=timeout,
-                              env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+                              env={**os.environ, "PYTHONPATH": pythonpath(), **(env or {})})
         lines = proc.stdout.strip().splitlines()
         answer = json.loads(lines[-1]) if lines else None
         return proc.returncode, answer, proc.stderr
@@ -93,9 +99,16 @@ class Scratch:
     def table(self) -> str:
         return (self.path / "sandbox" / "scripted" / "perf_results.md").read_text()
 
-    def records(self) -> list[dict]:
+    def all_records(self) -> list[dict]:
         path = self.path / "sandbox" / "scripted" / "experiments.jsonl"
         return [json.loads(line) for line in path.read_text().splitlines()]
+
+    def records(self) -> list[dict]:
+        """The experiments (one per table row)."""
+        return [r for r in self.all_records() if r["kind"] != "confirmation"]
+
+    def confirmations(self) -> list[dict]:
+        return [r for r in self.all_records() if r["kind"] == "confirmation"]
 
     def snapshot(self) -> dict:
         """Everything a bad command must leave unchanged."""

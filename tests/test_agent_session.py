@@ -8,7 +8,8 @@ EXPERIMENT_KEYS = {"iteration", "kind", "optimization", "knob", "value", "descri
 SUGGESTION_KEYS = {"id", "title", "family", "knob", "candidates", "rank", "reason"}
 STATUS_KEYS = {"schema", "command", "ok", "kernel", "branch", "kernel_class",
                "intensity_flop_per_byte", "base_commit", "incumbent", "baseline_latency_ms",
-               "speedup_vs_baseline", "iterations", "experiments", "stopped", "in_flight",
+               "speedup_vs_baseline", "iterations", "experiments", "stopped", "interrupted",
+               "in_flight",
                "table", "record"}
 
 

@@ -6,13 +6,13 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, SCRIPTED, _has_gpu, git
+from conftest import ROOT, SCRIPTED, _has_gpu, git, pythonpath
 
 
 def human(repo, *args):
     """The CLI without --json: the error must be one line on stderr."""
     proc = subprocess.run([sys.executable, "-m", "perfloop", *args], cwd=repo, text=True,
-                          capture_output=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          capture_output=True, env={**os.environ, "PYTHONPATH": pythonpath()})
     return proc.returncode, proc.stdout, proc.stderr
 
 
@@ -212,7 +212,22 @@ def test_table_edited_by_hand(started):
     path.write_text(path.read_text() + "| 7 | invented | 0.1 | PASS | keep |\n")
     code, _, err = human(started.path, "step", "--kernel", "scripted", "--opt", "fast_math")
     assert code == 2
-    assert_one_line(err, "has 2 rows but the record has 1 experiments")
+    assert_one_line(err, "has 2 rows but", "has 1 experiments")
+
+
+def test_a_truncated_record_is_noticed_by_every_command(started):
+    """Before, only `step` noticed; `next` re-suggested what had been tried."""
+    assert started.cli("step", "--kernel", "scripted", "--opt", "fast_math")[0] == 0
+    assert started.cli("step", "--kernel", "scripted", "--opt", "tile_shape")[0] == 0
+    path = started.path / "sandbox/scripted/experiments.jsonl"
+    path.write_text("".join(path.read_text().splitlines(keepends=True)[:1]))
+    before = started.snapshot()
+    for command in ("next", "status", "report", "step"):
+        extra = ["--opt", "occupancy"] if command == "step" else []
+        code, _, err = human(started.path, command, "--kernel", "scripted", *extra)
+        assert code == 2, command
+        assert_one_line(err, "has 3 rows but", "has 1 experiments", "truncated")
+    assert started.snapshot() == before
 
 
 @pytest.mark.parametrize("args,message", [

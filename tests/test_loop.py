@@ -3,6 +3,7 @@
 import re
 import time
 
+import pytest
 from conftest import git
 
 from perfloop import table
@@ -50,6 +51,15 @@ def test_run_applies_one_optimization_per_iteration_and_stops_by_the_rules(scrat
         assert r["timing"]["method"]["rounds"] == 10 and r["phases_s"]["total"] > 0
         assert set(r["timing"]["shapes"]) == {"head", "guard", "tail"}
     assert git(scratch.path, "status", "--porcelain") == ""
+    # the run's result, timed in one process when it stopped: 0.8 * 0.97 * 0.99 at the headline
+    [confirmation] = scratch.confirmations()
+    assert confirmation["incumbent"] == scratch.head() and confirmation["after_iteration"] == 3
+    head = confirmation["shapes"]["head"]
+    assert head["speedup"] == pytest.approx(1 / (0.8 * 0.97 * 0.99), rel=2e-3)
+    assert head["speedup_ci"][0] <= head["speedup"] <= head["speedup_ci"][1]
+    code, report, _ = scratch.cli("report", "--kernel", "scripted")
+    assert report["speedup"]["method"] == "one-process confirmation"
+    assert report["speedup"]["speedup"] == head["speedup"]
 
 
 def test_correctness_failure_reverts_and_keeps_the_experiment_reachable(scratch):
@@ -69,11 +79,11 @@ def test_correctness_failure_reverts_and_keeps_the_experiment_reachable(scratch)
 
 def test_a_crash_is_recorded_and_the_loop_goes_on(scratch):
     scratch.script(GAINS[:1])
-    scratch.add_optimization("inject_crash", "mode", ["crash-timing"])
+    scratch.add_optimization("inject_crash", "mode", ["crash-after-10"])  # passes the judge
     scratch.commit_all("catalog")
     code, out, err = scratch.cli("run", "--kernel", "scripted")
     rows = table.read_rows(scratch.path / "sandbox/scripted/perf_results.md")
-    assert rows[1][1:] == ["inject_crash: mode=crash-timing", "", "PASS", "crash"]
+    assert rows[1][1:] == ["inject_crash: mode=crash-after-10", "", "PASS", "crash"]
     assert rows[2][1] == "fast_math: fast_math=true" and rows[2][4] == "keep"
     assert "SIGSEGV" in scratch.records()[1]["decision"]["reason"]
     assert code == 0, err
@@ -81,7 +91,7 @@ def test_a_crash_is_recorded_and_the_loop_goes_on(scratch):
 
 def test_a_hang_past_the_time_limit_is_killed_and_recorded_as_crash(scratch):
     scratch.rules(iteration_timeout_s="6")
-    scratch.add_optimization("inject_hang", "mode", ["hang-timing"])
+    scratch.add_optimization("inject_hang", "mode", ["hang-after-10"])
     scratch.commit_all("catalog")
     assert scratch.cli("init", "--kernel", "scripted")[0] == 0
     started = time.monotonic()
@@ -167,11 +177,11 @@ def test_a_kernel_folder_named_by_path_from_outside_its_repository(scratch, tmp_
     import subprocess
     import sys
 
-    from conftest import ROOT
+    from conftest import pythonpath
 
     proc = subprocess.run([sys.executable, "-m", "perfloop", "run", "--kernel", str(scratch.kernel),
                            "--max-iterations", "1", "--json"], cwd=elsewhere, text=True,
-                          capture_output=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          capture_output=True, env={**os.environ, "PYTHONPATH": pythonpath()})
     assert proc.returncode == 0, proc.stderr
     assert scratch.branch().startswith("cutile-perf-scripted-")
     assert len(scratch.records()) == 2 and scratch.records()[1]["status"] == "keep"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from perfloop import playbook, variants
-from perfloop.correctness import check, module_for, requested_variants
+from perfloop.correctness import check, module_for, requested_variants, tolerance
 from perfloop.kernel import read_knobs
 
 torch = pytest.importorskip("torch")
@@ -22,11 +22,8 @@ CASES = [("bfloat16", (257, 1000)), ("float16", (3, 5, 777)), ("float32", (64, 4
          ("bfloat16", (2, 3000)), ("float32", (1, 1)), ("bfloat16", (130, 11008)),
          ("float16", (33, 8193))]
 SEEDS = (0, 1)
-TOLERANCE = {  # output rounding of each dtype, with margin for approximate division
-    "bfloat16": dict(rtol=8e-3, atol=1e-5, max_rel_err=5e-3),
-    "float16": dict(rtol=2e-3, atol=1e-5, max_rel_err=1e-3),
-    "float32": dict(rtol=1e-5, atol=1e-6, max_rel_err=1e-5),
-}
+# the kernel's declared tolerances (kernel.toml), the same the timing worker checks with
+TOLERANCE = {dtype: tolerance(FOLDER, dtype) for dtype in ("bfloat16", "float16", "float32")}
 SPECIAL = [-100.0, -30.0, -10.0, -1e-3, 0.0, 1e-3, 10.0, 30.0, 100.0]
 
 

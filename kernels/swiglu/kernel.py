@@ -179,11 +179,12 @@ def _launcher(frozen: tuple | None):
 
 # ---- the plug-in contract ------------------------------------------------------------------
 def make_inputs(shape, seed: int, device):
-    g = torch.Generator(device="cpu").manual_seed(seed)
+    """Drawn on the device: the timing worker draws fresh inputs for every checked launch."""
+    g = torch.Generator(device=device).manual_seed(seed)
     dtype = DTYPES[shape.dtype]
-    a = torch.randn(shape.dims, generator=g, dtype=torch.float32) * 3
-    b = torch.randn(shape.dims, generator=g, dtype=torch.float32)
-    return a.to(device=device, dtype=dtype), b.to(device=device, dtype=dtype)
+    a = torch.randn(shape.dims, generator=g, dtype=torch.float32, device=device) * 3
+    b = torch.randn(shape.dims, generator=g, dtype=torch.float32, device=device)
+    return a.to(dtype), b.to(dtype)
 
 
 def empty_output(inputs):

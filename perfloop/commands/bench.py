@@ -2,17 +2,24 @@ import time
 
 from perfloop import phases
 from perfloop.atomic import write_json
+from perfloop.errors import UserError
+from perfloop.kernel import import_module
 from perfloop.session import Session, require_gpu
+from perfloop.worker import CONTROL, INCUMBENT
 
 HELP = "the kernel against PyTorch eager and torch.compile on the same inputs, in one process"
 DESCRIPTION = """\
 Times the kernel as it is in its folder, PyTorch eager (the kernel's reference) and
-torch.compile of it, on every benchmark shape, in alternating rounds in one child process,
-with the same harness as the loop (CUDA events, L2 flushed, medians with 95% intervals). The
-kernel is timed twice, so the table also shows how well the same code repeats. Answers: is my
-cuTile kernel competitive? Needs an NVIDIA GPU; the result also goes to sandbox/<kernel>/bench.json."""
+torch.compile of it (compiled for each shape with dynamic=False), on every benchmark shape, in
+alternating rounds in one child process, with the same clock as the loop (CUDA events, L2
+flushed by a read, a sleep kernel ahead of each call so host time stays out of device time,
+medians with 95% intervals). The kernel's timed outputs are checked against the reference.
+Host time per call is reported beside device time. The kernel is timed twice, so the table
+also shows how well the same code repeats. Answers: is my cuTile kernel competitive? Needs an
+NVIDIA GPU; the result also goes to sandbox/<kernel>/bench.json."""
 
-ORDER = ["cutile", "cutile-again", "torch-compile", "torch-eager"]  # cutile-again: A/A control
+LABELS = {INCUMBENT: "cutile", CONTROL: "cutile-again", "torch-compile": "torch-compile",
+          "torch-eager": "torch-eager"}
 
 
 def add_arguments(p):
@@ -21,40 +28,55 @@ def add_arguments(p):
 
 def execute(args):
     s = Session(args.kernel, args.playbook)
-    if s.spec.requires_gpu:
-        require_gpu()
+    module = import_module(s.spec.folder, f"bench_{s.spec.name}")
+    if not s.spec.requires_gpu or getattr(module, "DEVICE", "cuda") != "cuda" \
+            or hasattr(module, "Clock"):
+        raise UserError(f"kernel '{s.spec.name}' is not timed on a GPU (requires_gpu = false, or "
+                        "its own DEVICE/Clock), so there is no PyTorch GPU version to bench against")
+    require_gpu()
     knobs = s.spec.read_knobs()
     base = {"folder": s.spec.folder, "knobs": knobs}
-    variants = [{**base, "label": "cutile"}, {**base, "label": "cutile-again"},
+    variants = [{**base, "label": INCUMBENT}, {**base, "label": CONTROL},
                 {**base, "label": "torch-compile", "torch": "compile"},
                 {**base, "label": "torch-eager", "torch": "eager"}]
-    s.work.mkdir(parents=True, exist_ok=True)
-    tag = f"bench-{int(time.time())}"
-    timing = phases.time_variants(variants, [sh.as_dict() for sh in s.spec.shapes],
-                                  s.playbook.rules, ceilings_cache=s.ceilings_cache, work=s.work,
-                                  tag=tag, timeout_s=s.playbook.rules.iteration_timeout_s,
-                                  cwd=s.root)
-    if timing.crashed:
-        return {"error": timing.detail, "exit_code": 1}
-    summary = phases.summarize_timing(timing.raw, ORDER, "cutile", control="cutile-again")
+    work = s.work / f"bench-{int(time.time())}-{phases.nonce()}"
+    work.mkdir(parents=True, exist_ok=True)
+    rules = s.playbook.rules
+    timing = phases.time_variants(
+        variants, [sh.as_dict() for sh in s.spec.shapes], rules, contract=s.spec.folder,
+        tolerance=s.spec.tolerance, headline=s.spec.headline.name,
+        ceilings_cache=s.ceilings_cache, work=work,
+        deadline=time.monotonic() + rules.iteration_timeout_s, cwd=s.root,
+        env=phases.child_env(s.playbook_dir, work / "pycache"))
+    failed = {} if timing.crashed else (timing.raw.get("failed") or {})
+    if timing.crashed or failed or timing.excluded:
+        why = timing.crashed or "; ".join(f"{LABELS.get(k, k)}: {v['reason']}"
+                                         for k, v in {**failed, **timing.excluded}.items())
+        return {"error": why, "exit_code": 1}
+    summary = phases.summarize_pass(timing.raw["passes"][0], ceiling=timing.raw.get("ceilings"))
     rows = []
     for name, shape in summary.items():
-        ours = shape["variants"]["cutile"]["median_ms"]
-        for label in ORDER:
+        ours = shape["variants"][INCUMBENT]["median_ms"]
+        for label, shown in LABELS.items():
             v = shape["variants"][label]
-            rows.append({"shape": name, "variant": label, "median_ms": v["median_ms"],
+            rows.append({"shape": name, "variant": shown, "median_ms": v["median_ms"],
                          "ci_low_ms": v["ci_low_ms"], "ci_high_ms": v["ci_high_ms"],
-                         "gbps": v.get("gbps"), "share_of_copy_bw": v.get("share_of_copy_bw"),
+                         "host_us_per_call": v["host_us_per_call"], "gbps": v.get("gbps"),
+                         "share_of_floor": v.get("share_of_floor"),
                          "vs_cutile": v["median_ms"] / ours,
                          "ratio_ci": [shape["vs_incumbent"][label]["ci_low"],
                                       shape["vs_incumbent"][label]["ci_high"]]
-                         if label != "cutile" else [1.0, 1.0]})
+                         if label != INCUMBENT else [1.0, 1.0]})
     out = {"kernel": s.spec.name, "knobs": knobs, "rows": rows, "headline": s.spec.headline.name,
            "noise": {name: shape["noise"] for name, shape in summary.items()},
            "environment": timing.raw["environment"], "ceilings": timing.raw["ceilings"],
            "method": timing.raw["method"]}
     write_json(s.sandbox / "bench.json", {**out, "shapes": summary})
     return out
+
+
+def _num(value, fmt: str) -> str:
+    return format(value, fmt) if value is not None else "-"
 
 
 def render(r):
@@ -64,12 +86,14 @@ def render(r):
     lines = [f"{r['kernel']} on {env.get('gpu_name')} (driver {env.get('driver')}, cuTile "
              f"{env.get('cutile')}, torch {env.get('torch')}); copy ceiling "
              f"{ceil['copy_gbps']:.0f} GB/s", "",
-             "| shape | variant | median ms | 95% CI ms | GB/s | share of copy ceiling | time / cuTile (95% CI) |",
-             "|:--|:--|--:|--:|--:|--:|--:|"]
+             "| shape | variant | median ms | 95% CI ms | host us/call | GB/s | share of floor "
+             "| time / cuTile (95% CI) |",
+             "|:--|:--|--:|--:|--:|--:|--:|--:|"]
     for row in r["rows"]:
         shape = row["shape"] + (" (headline)" if row["shape"] == r["headline"] else "")
         lines.append(f"| {shape} | {row['variant']} | {row['median_ms']:.4f} | "
-                     f"{row['ci_low_ms']:.4f}-{row['ci_high_ms']:.4f} | {row['gbps']:.0f} | "
-                     f"{row['share_of_copy_bw']:.3f} | {row['vs_cutile']:.3f} "
+                     f"{row['ci_low_ms']:.4f}-{row['ci_high_ms']:.4f} | "
+                     f"{_num(row['host_us_per_call'], '.1f')} | {_num(row['gbps'], '.0f')} | "
+                     f"{_num(row['share_of_floor'], '.3f')} | {row['vs_cutile']:.3f} "
                      f"({row['ratio_ci'][0]:.3f}-{row['ratio_ci'][1]:.3f}) |")
     return "\n".join(lines)

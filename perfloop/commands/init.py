@@ -5,8 +5,11 @@ HELP = "start a run: create its branch and measure the baseline (iteration 0)"
 DESCRIPTION = """\
 Creates the branch cutile-perf-<kernel>-<yyyymmdd> (suffixed if taken) from the current
 commit, then runs iteration 0: the kernel's correctness tests and a timing of the unchanged
-kernel against itself, which also measures the noise. Refuses uncommitted changes to tracked
-files. Then use `perfloop next` and `perfloop step`, or `perfloop run --resume` for the rest."""
+kernel against itself, which also measures the noise. The kernel folder and its judge must be
+committed; the judge, the shapes and the tolerances are pinned for the whole run. Refuses
+uncommitted changes to tracked files. A baseline that does not pass is undone (back on your
+branch, the attempt archived under sandbox/_archive/). Then use `perfloop next` and
+`perfloop step`, or `perfloop run --resume` for the rest."""
 
 
 def add_arguments(p):
@@ -19,13 +22,15 @@ def execute(args):
     if s.spec.requires_gpu:
         require_gpu()
     record = loop.start(s, new=args.new)
-    out = {"experiment": views.experiment(record), "status": views.status(s)}
-    if record["status"] != "keep":
-        out["exit_code"] = 1
-    return out
+    if record.get("undone"):
+        return {"experiment": views.experiment(record), "undone": record["undone"],
+                "status": None, "exit_code": 1}
+    return {"experiment": views.experiment(record), "undone": None, "status": views.status(s)}
 
 
 def render(r):
+    if r["undone"]:
+        return "\n".join([views.experiment_line(r["experiment"]), r["undone"]])
     st = r["status"]
     lines = [f"run of {st['kernel']} on branch {st['branch']} "
              f"({st['kernel_class'] or 'unclassified'})",

@@ -1,4 +1,7 @@
+import argparse
+
 from perfloop import loop, views
+from perfloop.errors import UserError
 from perfloop.session import Session, require_gpu
 
 HELP = "the whole loop, unattended: baseline, then one optimization per iteration until a stop rule"
@@ -7,7 +10,9 @@ Runs the optimization loop on a kernel: a new branch, iteration 0 (baseline), th
 playbook's optimizations one per iteration, each judged by the kernel's correctness tests and
 timed against the incumbent in the same process, committed, then kept or reverted. Stops after
 2 iterations in a row without improvement, after a kept gain under 2%, after iteration 25, when
-nothing is left to try, or on Ctrl-C (then --resume continues). Needs an NVIDIA GPU."""
+nothing is left to try, or on Ctrl-C (then --resume continues). When a stop rule fires, the
+baseline and the final incumbent are timed against each other in one process: that ratio is
+the run's speedup in `perfloop report`. Needs an NVIDIA GPU."""
 
 
 def add_arguments(p):
@@ -15,8 +20,18 @@ def add_arguments(p):
                    help="continue this kernel's run (after a kill, a crash or Ctrl-C)")
     p.add_argument("--new", action="store_true",
                    help="archive an unfinished run of this kernel and start a new one")
-    p.add_argument("--max-iterations", type=int, metavar="N",
+    p.add_argument("--max-iterations", type=non_negative, metavar="N",
                    help="stop after N more iterations (the playbook's limits still apply)")
+
+
+def non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
+    return value
 
 
 def execute(args):
@@ -32,13 +47,19 @@ def execute(args):
             print(views.experiment_line(e), flush=True)
 
     if args.resume:
+        if args.new:
+            raise UserError("--resume and --new exclude each other")
         s.require_run()
         redone = loop.resume(s)
     else:
         redone = loop.start(s, new=args.new)
+        if redone.get("undone"):
+            report(redone)
+            return {"experiments_this_call": lines, "stop_reason": redone["undone"],
+                    "status": None, "exit_code": 1}
     if redone:
         report(redone)
-    reason = s.state.stopped or loop.run(s, report, args.max_iterations)
+    reason = loop.run(s, report, args.max_iterations)
     st = views.status(s)
     out = {"experiments_this_call": lines, "stop_reason": reason, "status": st}
     if st["iterations"] and st["experiments"][0]["status"] != "keep":
@@ -48,6 +69,8 @@ def execute(args):
 
 def render(r):
     st = r["status"]
+    if st is None:
+        return r["stop_reason"]
     inc = st["incumbent"]
     lines = [f"stopped: {r['stop_reason']}"]
     if inc["latency_ms"] and st["baseline_latency_ms"]:

@@ -1,6 +1,6 @@
 import json
 
-from perfloop import decide, gitops, iteration, loop, views
+from perfloop import confirm, decide, iteration, loop, views
 from perfloop.errors import UserError
 from perfloop.iteration import AGENT, PLAYBOOK, Proposal
 from perfloop.playbook import freeze, thaw
@@ -14,7 +14,8 @@ Runs one full iteration on the current run (start one with `perfloop init`):
                         is measured and the fastest correct one is carried into the decision.
                         V is JSON or a bare word: 8, true, '[1,2048]', gather_scatter.
   --describe TEXT       judge your own uncommitted edits inside the kernel folder; TEXT names
-                        the change in the table. Edits outside the folder are refused.
+                        the change in the table. Edits outside the folder, and edits to the
+                        pinned kernel.toml, are refused.
   --resume              finish an iteration that was interrupted (kill, crash, Ctrl-C).
 The experiment is committed either way; a reverted one stays reachable under refs/perfloop/."""
 
@@ -36,7 +37,7 @@ def _parse_value(text: str):
 
 def _playbook_proposal(s: Session, opt_id: str, value_text: str | None) -> Proposal:
     opt = s.playbook.get(opt_id)
-    knobs = s.spec.read_knobs(s.export_commit(s.state.incumbent))
+    knobs = s.incumbent_knobs()
     if opt.knob not in knobs:
         raise UserError(f"optimization '{opt.id}' changes knob '{opt.knob}', which kernel "
                         f"'{s.spec.name}' does not have (its knobs: {', '.join(knobs)})")
@@ -61,11 +62,13 @@ def execute(args):
     s = Session(args.kernel, args.playbook)
     s.require_run()
     if args.resume:
+        if s.state.in_flight is None:
+            raise UserError("nothing to resume: no iteration was interrupted")
         if s.spec.requires_gpu:
             require_gpu()
         record = loop.resume(s)
-        if record is None:
-            raise UserError("nothing to resume: no iteration was interrupted")
+        if record is None:  # the interrupted iteration had been recorded: recovery finished it
+            record = s.records()[-1]
     else:
         if args.describe is not None:
             if not args.describe.strip():
@@ -73,16 +76,12 @@ def execute(args):
             proposal = Proposal(AGENT, describe=" ".join(args.describe.split()))
         else:
             proposal = _playbook_proposal(s, args.opt, args.value)
-        loop.prepare_step(s)
-        inside = s.changes_inside_folder()
-        if proposal.kind == AGENT and not inside:
-            raise UserError(f"nothing to judge: no uncommitted changes inside {s.folder_rel}/")
-        if proposal.kind == PLAYBOOK and inside:
-            raise UserError(f"uncommitted edits inside {s.folder_rel}/ ({gitops.listing(inside)}); "
-                            "judge them with --describe or discard them before --opt")
+        loop.prepare_step(s, proposal.kind)
         if s.spec.requires_gpu:
             require_gpu()
         record = iteration.run(s, proposal)
+    if s.state.stopped:
+        confirm.ensure(s)
     st = views.status(s)
     return {"experiment": views.experiment(record), "incumbent": st["incumbent"],
             "stopped": st["stopped"], "next": [sg.optimization.id for sg in suggestions(s)][:3]}

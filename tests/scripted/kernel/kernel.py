@@ -1,15 +1,29 @@
 """A test-only kernel: it doubles a list, and its 'latency' is scripted in script.json.
 
-Knob "mode" injects faults: "wrong" (triples instead), "crash"/"hang" (in any phase), or
-"crash-timing"/"hang-timing"/"crash-correctness"/... for one phase only. SCRIPTED_DELAY_S
-slows every timed launch down, so a test can interrupt a timing in progress.
+The knob "mode" makes it misbehave, the way a buggy kernel or an agent gaming the judge would.
+None of it depends on being told the phase (perfloop tells nobody); the faults key on what a
+kernel can see for itself: how often a built launcher was called and how large its input is.
+  wrong            triples instead of doubling
+  crash / hang     on every launch
+  crash-after-N    SIGSEGV / sleep forever from the (N+1)-th launch of one built launcher: the
+  hang-after-N     judge builds a launcher per case and calls it once; the timer calls it often
+  wrong-above-N    triples inputs longer than N (the judge's cases are at most 1000 long)
+  skip-above-N     writes only the first half of inputs longer than N
+  cache            computes once, then returns without writing
+  memo             remembers results by input content: repeated inputs cost a tenth
+  sniff            correct only when pytest is loaded (judged), wrong otherwise (timed)
+  tamper           replaces perfloop's batch timer with one that reports half the time
+  env              writes its environment to $SCRIPTED_ENV_DUMP/<pid>.json, then doubles
+SCRIPTED_DELAY_S slows every launch down, so a test can interrupt a timing in progress.
 """
 
 import itertools
 import json
 import math
 import os
+import random
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -24,8 +38,13 @@ def _freeze(v):
 class Clock:
     """The launch returns its scripted latency; the clock reports it."""
 
-    def time_batch(self, fn, reps):
-        return [fn() for _ in range(reps)]
+    def time_batch(self, fn, reps, before=None):
+        out = []
+        for i in range(reps):
+            if before is not None:
+                before(i)
+            out.append(fn())
+        return out
 
     def describe(self):
         return {"clock": "scripted"}
@@ -39,27 +58,57 @@ def latency(knobs: dict, shape: str, n: int) -> float:
     return ms * (1 + SCRIPT["jitter"] * math.sin(n))
 
 
+def _threshold(mode: str, prefix: str) -> int | None:
+    return int(mode[len(prefix):]) if mode.startswith(prefix) else None
+
+
 def build(knobs: dict):
     mode = knobs.get("mode", "ok")
-    phase = os.environ.get("PERFLOOP_PHASE", "")
-    delay = float(os.environ.get("SCRIPTED_DELAY_S", "0")) if phase == "timing" else 0.0
+    delay = float(os.environ.get("SCRIPTED_DELAY_S", "0"))
     counter = itertools.count()
+    seen: set = set()
+    if mode == "tamper" and "perfloop.measure" in sys.modules:
+        m = sys.modules["perfloop.measure"]
+        real = m._batch
+        m._batch = lambda *args, **kw: [t / 2 for t in real(*args, **kw)]
+    if mode == "env" and os.environ.get("SCRIPTED_ENV_DUMP"):
+        dump = Path(os.environ["SCRIPTED_ENV_DUMP"]) / f"{os.getpid()}.json"
+        dump.write_text(json.dumps(dict(os.environ), sort_keys=True))
 
     def launch(inputs, out):
-        if mode in ("crash", f"crash-{phase}"):
+        calls = next(counter)
+        after_crash, after_hang = _threshold(mode, "crash-after-"), _threshold(mode, "hang-after-")
+        if mode == "crash" or after_crash is not None and calls >= after_crash:
             os.kill(os.getpid(), signal.SIGSEGV)
-        if mode in ("hang", f"hang-{phase}"):
+        if mode == "hang" or after_hang is not None and calls >= after_hang:
             time.sleep(3600)
-        time.sleep(delay)
+        if delay:
+            time.sleep(delay)
         shape, values = inputs
-        out[:] = [v * (3 if mode == "wrong" else 2) for v in values]
-        return latency(knobs, shape, next(counter))
+        factor = 2
+        if mode == "wrong" or mode == "sniff" and "pytest" not in sys.modules:
+            factor = 3
+        wrong_above, skip_above = _threshold(mode, "wrong-above-"), _threshold(mode, "skip-above-")
+        if wrong_above is not None and len(values) > wrong_above:
+            factor = 3
+        ms = latency(knobs, shape, calls)
+        if mode == "cache" and calls > 0:
+            return ms * 0.5
+        if mode == "memo":
+            key = tuple(values)
+            if key in seen:
+                return ms * 0.1
+            seen.add(key)
+        written = len(values) // 2 if skip_above is not None and len(values) > skip_above else len(values)
+        out[:written] = [v * factor for v in values[:written]]
+        return ms
 
     return launch
 
 
 def make_inputs(shape, seed, device):
-    return (shape.name, [float((i * 7 + seed) % 13) for i in range(shape.dims[0])])
+    rng = random.Random(seed)
+    return (shape.name, [float(rng.randrange(-1000, 1000)) / 8 for _ in range(shape.dims[0])])
 
 
 def empty_output(inputs):
