@@ -13,6 +13,8 @@ perfloop's own exports of a commit, or identical to the run's pinned base commit
 from __future__ import annotations
 
 import os
+import site
+import sys
 from pathlib import Path
 
 import git
@@ -70,16 +72,24 @@ def changed_files(repo: git.Repo, root: Path, files: list[Path], base: str) -> l
     return [r for r in existing if pinned.get(r) != now.get(r)]
 
 
+def environment_dirs() -> list[Path]:
+    """Where the Python environment lives (a virtualenv may sit inside the repository): what
+    is installed there is the environment, not the repository's code."""
+    return [Path(p).resolve() for p in {sys.prefix, sys.base_prefix, site.getusersitepackages(),
+                                        *site.getsitepackages()}]
+
+
 def unpinned_imports(repo: git.Repo, root: Path, imported: list[str], base: str,
                      allowed: list[Path]) -> list[str]:
     """Of the files a child imported, those inside the repository that are neither allowed
     (the kernel folder under test, perfloop's exports) nor identical to commit `base`."""
+    env = environment_dirs()
     files = []
     for name in imported:
         path = Path(name)
         if path.suffix not in MODULE_SUFFIXES or not (root in path.parents):
             continue
-        if any(a in path.parents for a in allowed):
+        if any(a in path.parents for a in [*allowed, *env]):
             continue
         files.append(path)
     return changed_files(repo, root, files, base)

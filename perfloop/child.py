@@ -22,6 +22,45 @@ from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
 
+# Runs first in every judge and timing child (`python -c BOOTSTRAP ROOT MODE ARGS...`): modules
+# whose source lies in the repository (not in the Python environment, even one inside it) are
+# compiled from their source, never from a cached .pyc, which anyone can plant with a forged
+# timestamp; pytest's cache of rewritten test modules is ignored the same way. MODE is
+# "pytest" (the judge) or a module to run as __main__ (the timing worker).
+BOOTSTRAP = """
+import importlib.machinery, os, site, sys
+root, mode = os.path.realpath(sys.argv[1]), sys.argv[2]
+env = [os.path.realpath(p) for p in {sys.prefix, sys.base_prefix, site.getusersitepackages(),
+                                     *site.getsitepackages()}]
+def repo_file(path):
+    path = os.path.realpath(path)
+    return path.startswith(root + os.sep) and not any(path.startswith(e + os.sep) for e in env)
+class SourceOnly(importlib.machinery.SourceFileLoader):
+    def get_code(self, fullname):
+        return self.source_to_code(self.get_data(self.path), self.path)
+class RepositorySource:
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        spec = importlib.machinery.PathFinder.find_spec(name, path, target)
+        if spec is not None and (spec.origin or "").endswith(".py") and repo_file(spec.origin):
+            spec.loader = SourceOnly(spec.name, spec.origin)
+            return spec
+        return None
+sys.meta_path.insert(0, RepositorySource)
+if mode == "pytest":
+    import _pytest.assertion.rewrite, pytest
+    _pytest.assertion.rewrite._read_pyc = lambda *args, **kwargs: None
+    sys.exit(pytest.main(sys.argv[3:]))
+import runpy
+sys.argv = [mode, *sys.argv[3:]]
+runpy.run_module(mode, run_name="__main__", alter_sys=True)
+"""
+
+
+def python(root: Path, mode: str, *args: str) -> list[str]:
+    """The command line of a child: the bootstrap above, then pytest or a module."""
+    return [sys.executable, "-c", BOOTSTRAP, str(root), mode, *args]
+
 
 @dataclass(frozen=True)
 class ChildResult:
@@ -95,24 +134,29 @@ def _progress_mark(paths: list[Path]) -> tuple:
     return tuple(marks)
 
 
-def run(cmd: list[str], *, timeout_s: float, log: Path, env: dict | None = None,
-        cwd: Path | None = None, stall_s: float | None = None,
-        progress: list[Path] = ()) -> ChildResult:
-    """Run cmd to its end, its deadline, or a stall: `progress` files (its log is one) that
-    have not changed for stall_s seconds."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    start = time.monotonic()
-    deadline = start + max(timeout_s, 0.001)
-    timed_out = stalled = False
-    watched = [log, *progress]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd,
-                                start_new_session=True, preexec_fn=_die_with_parent)
-        last_mark, last_change = _progress_mark(watched), time.monotonic()
+class Running:
+    """A child started with `start`; `wait` runs it to its end, its deadline, or a stall:
+    `progress` files (its log is one) that have not changed for stall_s seconds."""
+
+    def __init__(self, cmd: list[str], *, log: Path, env: dict | None, cwd: Path | None,
+                 progress: list[Path]):
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self.log, self.watched, self.started = log, [log, *progress], time.monotonic()
+        self._out = open(log, "wb")
+        self.proc = subprocess.Popen(cmd, stdout=self._out, stderr=subprocess.STDOUT, env=env,
+                                     cwd=cwd, start_new_session=True, preexec_fn=_die_with_parent)
+
+    def kill(self) -> None:
+        _kill_group(self.proc)
+        self._out.close()
+
+    def wait(self, *, deadline: float, stall_s: float | None = None) -> ChildResult:
+        timed_out = stalled = False
+        last_mark, last_change = _progress_mark(self.watched), time.monotonic()
         try:
             while True:
                 try:
-                    proc.wait(timeout=min(0.25, max(deadline - time.monotonic(), 0.001)))
+                    self.proc.wait(timeout=min(0.25, max(deadline - time.monotonic(), 0.001)))
                     break
                 except subprocess.TimeoutExpired:
                     pass
@@ -120,13 +164,25 @@ def run(cmd: list[str], *, timeout_s: float, log: Path, env: dict | None = None,
                 if now >= deadline:
                     timed_out = True
                     break
-                mark = _progress_mark(watched)
+                mark = _progress_mark(self.watched)
                 if mark != last_mark:
                     last_mark, last_change = mark, now
                 elif stall_s is not None and now - last_change > stall_s:
                     timed_out = stalled = True
                     break
         finally:
-            _kill_group(proc)  # also reaps anything the child left running in its group
-    return ChildResult(None if timed_out else proc.returncode, timed_out,
-                       time.monotonic() - start, log, stalled)
+            self.kill()  # also reaps anything the child left running in its group
+        return ChildResult(None if timed_out else self.proc.returncode, timed_out,
+                           time.monotonic() - self.started, self.log, stalled)
+
+
+def start(cmd: list[str], *, log: Path, env: dict | None = None, cwd: Path | None = None,
+          progress: list[Path] = ()) -> Running:
+    return Running(cmd, log=log, env=env, cwd=cwd, progress=list(progress))
+
+
+def run(cmd: list[str], *, timeout_s: float, log: Path, env: dict | None = None,
+        cwd: Path | None = None, stall_s: float | None = None,
+        progress: list[Path] = ()) -> ChildResult:
+    return start(cmd, log=log, env=env, cwd=cwd, progress=progress).wait(
+        deadline=time.monotonic() + max(timeout_s, 0.001), stall_s=stall_s)

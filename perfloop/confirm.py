@@ -52,7 +52,7 @@ def ensure(s: Session) -> dict | None:
             tolerance=s.spec.tolerance, headline=s.spec.headline.name,
             ceilings_cache=s.ceilings_cache, work=work,
             deadline=time.monotonic() + rules.iteration_timeout_s, cwd=s.root,
-            env=phases.child_env(s.playbook_dir, work / "pycache"))
+            env=phases.child_env(s.playbook_dir), checked=[FINAL])
         failed = (timing.raw.get("failed") or {}) if not timing.crashed else {}
         if timing.crashed or failed or timing.excluded:
             why = timing.crashed or "; ".join(

@@ -135,11 +135,22 @@ def run(s: Session, proposal: Proposal) -> dict:
     incumbent_knobs = s.spec.read_knobs(incumbent_dir)
     variants = _variants(s, proposal, incumbent_dir, incumbent_knobs)
     candidates = variants if proposal.kind == BASELINE else variants[1:]
-    env = phases.child_env(s.playbook_dir, work / "pycache")
+    env = phases.child_env(s.playbook_dir)
     allowed = [s.spec.folder, work]  # what children may import from inside the repository
+    control = dict(variants[0], label=CONTROL)
+    timer = phases.start_timing(  # it gets ready while the judge runs
+        [variants[0], control] + (candidates if proposal.kind != BASELINE else []),
+        [sh.as_dict() for sh in s.spec.shapes], rules, contract=contract_dir,
+        tolerance=s.spec.tolerance, headline=s.spec.headline.name,
+        ceilings_cache=s.ceilings_cache, work=work, cwd=s.root, env=env,
+        checked=[INCUMBENT] if proposal.kind == BASELINE else None)
 
-    judged = phases.judge(s.root / state.judge, candidates, cwd=s.root, work=work,
-                          deadline=deadline, stall_s=rules.stall_timeout_s, env=env)
+    try:
+        judged = phases.judge(s.root / state.judge, candidates, cwd=s.root, work=work,
+                              deadline=deadline, stall_s=rules.stall_timeout_s, env=env)
+    except BaseException:  # Ctrl-C while judging: the waiting worker goes too
+        phases.abandon(timer)
+        raise
     phase_s["correctness"] = judged.wall_s
     crashpoint("correctness", iteration)
     outcome = {v["label"]: _judged(v["label"], judged) for v in candidates}
@@ -152,15 +163,13 @@ def run(s: Session, proposal: Proposal) -> dict:
     passing = [v for v in candidates if outcome[v["label"]][0] == OK]
 
     timing, passes, best = None, [], None
-    if passing:
-        control = dict(variants[0], label=CONTROL)
-        timed = [variants[0], control] + (passing if proposal.kind != BASELINE else [])
-        timing = phases.time_variants(
-            timed, [sh.as_dict() for sh in s.spec.shapes], rules,
-            contract=contract_dir, tolerance=s.spec.tolerance, headline=s.spec.headline.name,
-            ceilings_cache=s.ceilings_cache, work=work, deadline=deadline, cwd=s.root, env=env,
-            select=len(passing) > 1 and proposal.kind != BASELINE)
-        phase_s["timing"] = timing.wall_s
+    if not passing:
+        phases.abandon(timer)
+    else:
+        labels = [v["label"] for v in passing] if proposal.kind != BASELINE else []
+        timing = phases.finish_timing(timer, labels, deadline=deadline,
+                                      select=len(labels) > 1)
+        phase_s["timing"] = round(timing.wall_s - judged.wall_s, 3)  # after the judge
         crashpoint("timing", iteration)
         _apply_timing(outcome, timing, proposal.kind)
         foreign = audit.unpinned_imports(s.repo, s.root, sorted(timing.imports),

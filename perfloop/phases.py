@@ -14,7 +14,6 @@ import json
 import os
 import secrets
 import statistics
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,12 +26,10 @@ from perfloop.worker import CONTROL, INCUMBENT
 PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)
 
 
-def child_env(playbook_dir: Path, pycache: Path) -> dict:
-    """The one environment of both children. PYTHONPYCACHEPREFIX points at a fresh directory,
-    so no bytecode planted next to a source file (a judge's, a conftest's) is ever loaded."""
+def child_env(playbook_dir: Path) -> dict:
+    """The one environment of both children."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_PARENT, env.get("PYTHONPATH")) if p)
-    env["PYTHONPYCACHEPREFIX"] = str(pycache)
     env["PERFLOOP_PLAYBOOK"] = str(playbook_dir)
     env["PYTHONUNBUFFERED"] = "1"
     env.pop("PERFLOOP_CRASH_AT", None)  # fault injection is for the parent only
@@ -67,9 +64,9 @@ def _judge_once(judge_file: Path, variants: list[dict], *, cwd: Path, work: Path
     log, imports = work / f"judge-{tag}-cases.jsonl", work / f"judge-{tag}-imports.json"
     write_json(request, {"variants": _variants_json(variants), "log": str(log),
                          "imports_out": str(imports)})
-    cmd = [sys.executable, "-m", "pytest", str(judge_file), "-q", "-p", "no:cacheprovider",
-           "-p", "perfloop.judging", f"--perfloop-request={request}", "-o", "addopts=",
-           "--rootdir", str(cwd)]
+    cmd = child.python(cwd, "pytest", str(judge_file), "-q", "-p", "no:cacheprovider", "-p",
+                       "perfloop.judging", f"--perfloop-request={request}", "-o", "addopts=",
+                       "--rootdir", str(cwd))
     res = child.run(cmd, timeout_s=deadline - time.monotonic(), log=work / f"judge-{tag}.log",
                     env=env, cwd=cwd, stall_s=stall_s, progress=[log])
     cases: dict[str, list] = {v["label"]: [] for v in variants}
@@ -133,28 +130,79 @@ def _last_progress(path: Path) -> dict | None:
     return None
 
 
-def time_variants(variants: list[dict], shapes: list[dict], rules: Rules, *, contract: Path,
-                  tolerance: dict, headline: str, ceilings_cache: Path, work: Path,
-                  deadline: float, cwd: Path, env: dict, select: bool = False) -> Timing:
-    """Time all variants in one worker; if it dies or hangs in a candidate's code, drop that
-    candidate (recorded with the reason) and time the rest again."""
+@dataclass
+class Pending:
+    """A timing worker started ahead of the judge: it imports, sets up the GPU and the profiler
+    and builds the variants while the judge runs, then waits for the labels that passed."""
+
+    common: dict
+    variants: list
+    work: Path
+    cwd: Path
+    env: dict
+    stall_s: float
+    started: float
+    attempt: tuple | None = None  # (tag, running child) of the worker waiting for its go
+
+
+def _launch(pending: Pending, variants: list[dict], go: dict | None) -> tuple:
+    tag, work = nonce(), pending.work
+    spec = {**pending.common, "variants": _variants_json(variants),
+            "out": str(work / f"timing-{tag}.json"),
+            "progress": str(work / f"timing-{tag}-progress.jsonl"),
+            "imports_out": str(work / f"timing-{tag}-imports.json"),
+            "go": str(work / f"timing-{tag}-go.json")}
+    spec_path = work / f"timing-{tag}-spec.json"
+    write_json(spec_path, spec)
+    if go is not None:
+        write_json(Path(spec["go"]), go)
+    running = child.start(child.python(pending.cwd, "perfloop.worker", str(spec_path)),
+                          log=work / f"timing-{tag}.log", env=pending.env, cwd=pending.cwd,
+                          progress=[Path(spec["progress"])])
+    return tag, running
+
+
+def start_timing(variants: list[dict], shapes: list[dict], rules: Rules, *, contract: Path,
+                 tolerance: dict, headline: str, ceilings_cache: Path, work: Path, cwd: Path,
+                 env: dict, checked: list[str] | None = None) -> Pending:
+    """Start the worker for these variants (the incumbent and its control first). `checked`
+    names the variants whose outputs and streams are checked (default: all but the incumbent
+    and its control)."""
+    common = {"shapes": shapes, "measure": vars(rules.measure),
+              "max_fresh_ratio": rules.verify.max_fresh_ratio, "contract_folder": str(contract),
+              "tolerance": tolerance, "headline": headline, "ceilings_cache": str(ceilings_cache),
+              **({"checked": checked} if checked is not None else {})}
+    pending = Pending(common, list(variants), work, cwd, env, rules.stall_timeout_s,
+                      time.monotonic())
+    pending.attempt = _launch(pending, pending.variants, None)
+    return pending
+
+
+def abandon(pending: Pending) -> None:
+    """Nothing passed the judge: stop the waiting worker."""
+    if pending.attempt:
+        pending.attempt[1].kill()
+        pending.attempt = None
+
+
+def finish_timing(pending: Pending, labels: list[str], *, deadline: float,
+                  select: bool = False) -> Timing:
+    """Time the incumbent, its control and the candidates named in `labels` in one process;
+    if the worker dies or hangs in a candidate's code, drop that candidate (recorded with the
+    reason) and time the rest again in a new worker."""
     out = Timing()
-    t0 = time.monotonic()
-    remaining = list(variants)
+    keep = {INCUMBENT, CONTROL, *labels}
+    remaining = [v for v in pending.variants if v["label"] in keep]
+    go = {"labels": [v["label"] for v in remaining], "select": select}
+    tag, running = pending.attempt or _launch(pending, remaining, go)
+    if pending.attempt:
+        write_json(pending.work / f"timing-{tag}-go.json", go)
+        pending.attempt = None
     while True:
-        tag = nonce()
-        result, progress = work / f"timing-{tag}.json", work / f"timing-{tag}-progress.jsonl"
-        spec = {"variants": _variants_json(remaining), "shapes": shapes,
-                "measure": vars(rules.measure), "max_fresh_ratio": rules.verify.max_fresh_ratio,
-                "contract_folder": str(contract), "tolerance": tolerance, "headline": headline,
-                "select": select, "ceilings_cache": str(ceilings_cache), "out": str(result),
-                "progress": str(progress), "imports_out": str(work / f"timing-{tag}-imports.json")}
-        spec_path = work / f"timing-{tag}-spec.json"
-        write_json(spec_path, spec)
-        res = child.run([sys.executable, "-m", "perfloop.worker", str(spec_path)],
-                        timeout_s=deadline - time.monotonic(), log=work / f"timing-{tag}.log",
-                        env=env, cwd=cwd, stall_s=rules.stall_timeout_s, progress=[progress])
-        imports = work / f"timing-{tag}-imports.json"
+        res = running.wait(deadline=deadline, stall_s=pending.stall_s)
+        result = pending.work / f"timing-{tag}.json"
+        progress = pending.work / f"timing-{tag}-progress.jsonl"
+        imports = pending.work / f"timing-{tag}-imports.json"
         if imports.exists():
             out.imports |= set(json.loads(imports.read_text()))
         if res.returncode == 0 and result.exists():
@@ -167,13 +215,24 @@ def time_variants(variants: list[dict], shapes: list[dict], rules: Rules, *, con
         if culprit in (None, INCUMBENT, CONTROL) or res.timed_out and not res.stalled:
             out.crashed = f"{culprit}: {reason}" if culprit else reason
             break
-        out.excluded[culprit] = {"reason": f"its code {reason}" if kind == "fail" else reason,
-                                 "kind": kind}
+        if culprit in go["labels"]:  # (else it died while built, and had failed the judge)
+            out.excluded[culprit] = {"reason": f"its code {reason}" if kind == "fail"
+                                     else reason, "kind": kind}
         remaining = [v for v in remaining if v["label"] != culprit]
         if len(remaining) <= 2:  # only the incumbent and its control are left
             break
-    out.wall_s = round(time.monotonic() - t0, 3)
+        go = {"labels": [v["label"] for v in remaining], "select": select}
+        tag, running = _launch(pending, remaining, go)
+    out.wall_s = round(time.monotonic() - pending.started, 3)
     return out
+
+
+def time_variants(variants: list[dict], shapes: list[dict], rules: Rules, *, deadline: float,
+                  select: bool = False, **where) -> Timing:
+    """start_timing and finish_timing in one go, for timings no judge precedes."""
+    pending = start_timing(variants, shapes, rules, **where)
+    return finish_timing(pending, [v["label"] for v in variants], deadline=deadline,
+                         select=select)
 
 
 def summarize_pass(timed_pass: dict, incumbent: str = INCUMBENT, control: str = CONTROL,

@@ -25,6 +25,7 @@ import os
 import random
 import statistics
 import sys
+import time
 from pathlib import Path
 
 from perfloop import ceilings, child, envinfo, measure, stats, streams, tamper, verify
@@ -49,7 +50,8 @@ class Progress:
         self.file = open(path, "a", encoding="utf-8")
 
     def __call__(self, label: str, stage: str, **extra) -> None:
-        self.file.write(json.dumps({"label": label, "stage": stage, **extra}) + "\n")
+        self.file.write(json.dumps({"label": label, "stage": stage, **extra,
+                                    "t": round(time.monotonic(), 3)}) + "\n")
         self.file.flush()
 
 
@@ -62,9 +64,10 @@ class OutputCheck:
     """The verifier of measure.alternating for one shape: poison, fresh inputs, reference."""
 
     def __init__(self, contract, shape: Shape, inputs, out, tolerance: dict, device: str,
-                 seed: int):
+                 seed: int, overhead: dict):
         self.contract, self.shape, self.inputs, self.out = contract, shape, inputs, out
         self.tolerance, self.device, self.seed = tolerance, device, seed
+        self.overhead = overhead  # host seconds spent drawing inputs and checking outputs
         self.draws = 0
         self.reference = self.copy = None
         self.reference_dtype = "float64"
@@ -73,11 +76,13 @@ class OutputCheck:
         verify.poison(self.out)
 
     def fresh(self, round_index: int, label: str) -> None:
+        t0 = time.monotonic()
         self.draws += 1
         new = self.contract.make_inputs(self.shape, self.seed + self.draws, self.device)
         verify.refill(self.inputs, new)
         self.reference = self._reference(new)
         self.copy = None
+        self.overhead["fresh_inputs"] += time.monotonic() - t0
 
     def _reference(self, inputs):
         if self.reference_dtype == "float64":
@@ -91,10 +96,12 @@ class OutputCheck:
         self.copy = verify.clone(self.out)
 
     def check(self) -> dict:
+        t0 = time.monotonic()
         if self.copy is None:
             self.snapshot()
         result = verify.compare(self.copy, self.reference, self.tolerance, self.shape.dtype)
         self.reference = self.copy = None
+        self.overhead["output_check"] += time.monotonic() - t0
         return {**result, "reference_dtype": self.reference_dtype}
 
 
@@ -104,9 +111,14 @@ class Worker:
         self.settings = Measure(**spec["measure"])
         self.progress = Progress(Path(spec["progress"]))
         self.failed: dict[str, dict] = {}  # label -> {reason, kind: fail (wrong) | crash}
-        self.unverified = {v["label"] for v in spec["variants"] if v.get("torch")}
+        # whose code is checked: by default the candidates; the incumbent and its control run
+        # code that was checked when it was a candidate, and PyTorch's versions are the reference
+        checked = spec.get("checked", [v["label"] for v in spec["variants"][2:]])
+        self.unverified = {v["label"] for v in spec["variants"] if v["label"] not in checked
+                           or v.get("torch")}
         self.progress_label = INCUMBENT
         self.stream_check = "not run"
+        self.overhead = {"stream_check": 0.0, "fresh_inputs": 0.0, "output_check": 0.0}
         self.rng = random.Random(os.urandom(16))
         self.contract = import_module(Path(spec["contract_folder"]), "contract")
         self.device = getattr(self.contract, "DEVICE", "cuda")
@@ -116,6 +128,18 @@ class Worker:
         self.guarded = self._guarded_objects()
         self.before = tamper.snapshot(self.guarded)
         self.launch = self._build_all(spec["variants"])
+        if self.gpu:
+            streams.warm_up()  # the profiler's first start is slow: pay it while the judge runs
+
+    def wait_for_go(self) -> None:
+        """Wait until the parent names the variants that passed the judge."""
+        go = Path(self.spec["go"])
+        while not go.exists():
+            time.sleep(0.02)
+        release = json.loads(go.read_text())
+        self.labels = [label for label in release["labels"] if label in self.launch
+                       or label in self.failed]
+        self.select = release.get("select", False)
 
     def _guarded_objects(self) -> dict:
         if not self.gpu:
@@ -190,7 +214,7 @@ class Worker:
         out = self.contract.empty_output(inputs)
         tolerance = self.spec.get("tolerance", {})
         check = OutputCheck(self.contract, shape, inputs, out, tolerance, self.device,
-                            seed=1_000_003 * (index + 1) + 7919 * seed)
+                            seed=1_000_003 * (index + 1) + 7919 * seed, overhead=self.overhead)
         while True:
             active = [label for label in labels if label not in self.failed]
             bound = {label: self._bound(label, inputs, out) for label in active}
@@ -239,40 +263,53 @@ class Worker:
         return call
 
     def _stream_check(self, bound: dict, shape: Shape) -> None:
-        if not self.gpu or self.spec.get("no_stream_check"):
+        if not self.gpu:
             return
         for label, call in bound.items():
-            self.progress(label, "stream-check", shape=shape.name)
+            self.progress(label, "compile", shape=shape.name)
             self.progress_label = label
             call()  # compile first, so the profiled call is a plain one
-            off = streams.off_stream_activity(call)
-            self.stream_check = "profiler" if off is not None else "unavailable"
+            if label in self.unverified:
+                continue
+            self.progress(label, "stream-check", shape=shape.name)
+            t0 = time.monotonic()
+            try:
+                off = streams.off_stream_activity(call)
+            except streams.Unavailable as exc:
+                self.stream_check = f"unavailable: {exc}"
+                continue
+            finally:
+                self.overhead["stream_check"] += time.monotonic() - t0
             if off:
                 self._fail(label, f"at {shape.name} it ran work on another CUDA stream "
                                   f"({', '.join(off[:3])}), which the clock does not see")
+            elif self.stream_check == "not run":
+                self.stream_check = "profiler (CUPTI): GPU work off the timed stream fails"
 
     # ---- the whole run --------------------------------------------------------------------
     def run(self) -> dict:
         env = envinfo.capture(self.gpu)
         self.ceilings = (ceilings.get(Path(self.spec["ceilings_cache"]), env, self.clock)
                          if self.gpu else None)
-        labels = [v["label"] for v in self.spec["variants"]]
+        labels = self.labels
         seed = self.spec.get("seed", 0)
         passes = [self.time_pass(labels, seed)]
         best = None
         candidates = [label for label in labels[2:] if label not in self.failed]
-        if self.spec.get("select") and len(candidates) > 1 and passes[0]["shapes"]:
+        if self.select and len(candidates) > 1 and passes[0]["shapes"]:
             best = _fastest(passes[0], candidates, self.spec["headline"])
             passes.append(self.time_pass([INCUMBENT, CONTROL, best], seed + 1))
         elif len(candidates) == 1:
             best = candidates[0]
         reps = next(iter(passes[-1]["shapes"].values()), {}).get("reps", 0)
-        return {"environment": env, "ceilings": self.ceilings, "failed": self.failed,
+        return {"environment": env, "ceilings": self.ceilings,
+                "failed": {k: v for k, v in self.failed.items() if k in labels},
                 "passes": passes, "best": best,
                 "method": {**measure.method(self.clock, self.settings, reps),
                            "verified": "one repetition per batch, at a random place, on fresh "
                                        "inputs, against the float64 reference",
                            "stream_check": self.stream_check,
+                           "overhead_s": {k: round(v, 3) for k, v in self.overhead.items()},
                            "selection": "best candidate re-timed in fresh rounds"
                            if len(passes) > 1 else "single pass"}}
 
@@ -302,6 +339,7 @@ def main(spec_path: str) -> int:
     child.guard_parent()
     spec = json.loads(Path(spec_path).read_text())
     worker = Worker(spec)
+    worker.wait_for_go()
     try:
         result = worker.run()
     except VariantFailed as exc:  # the incumbent itself failed: nothing can be compared

@@ -108,17 +108,38 @@ def test_bytecode_planted_beside_the_judge_is_never_loaded(scratch):
     import py_compile
     import sys
 
+    from _pytest.assertion.rewrite import PYC_TAIL
+
     fake = scratch.path / "fake_judge.py"
-    fake.write_text("def test_doubles():\n    pass\n")
+    source = ("from perfloop.correctness import log_case, requested_variants\n"
+              "def test_doubles():\n"
+              "    for v in requested_variants():\n"
+              "        log_case(v['label'], 'n=1', True)\n")
+    fake.write_text(source + "#" * (judge.stat().st_size - len(source) - 1) + "\n")
+    assert fake.stat().st_size == judge.stat().st_size  # the header's size field matches
     stat = judge.stat()
-    os.utime(fake, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    tag = sys.implementation.cache_tag
-    for name in (f"judge_scripted.{tag}.pyc", f"judge_scripted.{tag}-pytest-8.0.pyc"):
+    os.utime(fake, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # and so does its timestamp
+    for name in (f"judge_scripted.{sys.implementation.cache_tag}.pyc", f"judge_scripted{PYC_TAIL}"):
         py_compile.compile(str(fake), cfile=str(cache / name))
     fake.unlink()
     _set_mode(scratch, "wrong")
     code, out, _ = scratch.cli("step", "--kernel", "scripted", "--describe", "wrong, planted pyc")
-    _assert_not_kept(scratch, before, out, "correctness failed")
+    _assert_not_kept(scratch, before, out, "correctness failed")  # the real judge's verdict
+
+
+def test_kernel_code_imported_from_outside_its_folder_does_not_count(scratch):
+    """Code the experiment's commit would not hold (here a helper in the ignored sandbox/)
+    makes the verdict meaningless: the imports of both children are checked afterwards."""
+    before = _started(scratch)
+    (scratch.path / "sandbox" / "helper.py").write_text("FACTOR = 2\n")
+    source = scratch.kernel / "kernel.py"
+    source.write_text(source.read_text().replace(
+        'DEVICE = "cpu"', 'sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "sandbox"))\n'
+                          'import helper  # noqa: E402\n\nDEVICE = "cpu"'))
+    code, out, err = scratch.cli("step", "--kernel", "scripted", "--describe", "helper elsewhere")
+    assert code == 0, err
+    e = _assert_not_kept(scratch, before, out, "sandbox/helper.py")
+    assert "differs from the run's base commit" in e["reason"]
 
 
 def test_laxer_rules_through_another_playbook_are_refused(scratch):

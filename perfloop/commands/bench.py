@@ -47,7 +47,7 @@ def execute(args):
         tolerance=s.spec.tolerance, headline=s.spec.headline.name,
         ceilings_cache=s.ceilings_cache, work=work,
         deadline=time.monotonic() + rules.iteration_timeout_s, cwd=s.root,
-        env=phases.child_env(s.playbook_dir, work / "pycache"))
+        env=phases.child_env(s.playbook_dir), checked=[INCUMBENT])
     failed = {} if timing.crashed else (timing.raw.get("failed") or {})
     if timing.crashed or failed or timing.excluded:
         why = timing.crashed or "; ".join(f"{LABELS.get(k, k)}: {v['reason']}"
