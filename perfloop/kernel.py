@@ -104,9 +104,13 @@ def find_folder(arg: str, repo_root: Path | None) -> Path:
     for place in places:
         if (place / MANIFEST).is_file():
             return place.resolve()
-    shipped = sorted(p.name for p in SHIPPED.iterdir() if (p / MANIFEST).is_file())
-    raise UserError(f"unknown kernel '{arg}': no kernels/{arg}/{MANIFEST} "
-                    f"(shipped kernels: {', '.join(shipped) or 'none'}; or give a folder path)")
+    if SHIPPED.is_dir():
+        shipped = sorted(p.name for p in SHIPPED.iterdir() if (p / MANIFEST).is_file())
+        others = f"shipped kernels: {', '.join(shipped) or 'none'}"
+    else:  # an installed perfloop: the example kernels live in its source repository
+        others = "perfloop's example kernels are in its source repository"
+    raise UserError(f"unknown kernel '{arg}': no kernels/{arg}/{MANIFEST} in this repository "
+                    f"({others}; or give a folder path)")
 
 
 TOLERANCE_KEYS = ("rtol", "atol", "max_rel_err")

@@ -11,7 +11,10 @@ from pathlib import Path
 from perfloop.errors import UserError
 
 CLASSES = ("memory-bound", "balanced", "compute-bound")
-SHIPPED = Path(__file__).resolve().parent.parent / "playbook"
+# the repository's playbook/ in a source checkout (or an editable install); the copy installed
+# as package data by a regular `pip install`
+_SOURCE = Path(__file__).resolve().parent.parent / "playbook"
+SHIPPED = _SOURCE if (_SOURCE / "catalog.toml").is_file() else Path(__file__).resolve().parent / "_playbook"
 
 
 @dataclass(frozen=True)

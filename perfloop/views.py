@@ -59,7 +59,8 @@ def status(s: Session) -> dict:
     st = s.state
     baseline = recs[0]["latency_ms"] if recs else None
     inc = incumbent(s, recs)
-    return {"kernel": st.kernel, "branch": st.branch, "kernel_class": st.kernel_class or None,
+    return {"kernel": st.kernel, "run_id": st.branch, "branch": st.branch,
+            "kernel_class": st.kernel_class or None,
             "intensity_flop_per_byte": st.intensity, "base_commit": st.base_commit,
             "incumbent": inc, "baseline_latency_ms": baseline,
             "speedup_vs_baseline": speedup(s, recs)["speedup"],
