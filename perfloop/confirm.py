@@ -28,6 +28,13 @@ def ensure(s: Session) -> dict | None:
     """Confirm the run's result once it has stopped (no-op if already confirmed)."""
     if latest(s) is not None or not s.records():
         return latest(s)
+    record = measure(s)
+    records.append(s.records_path, record)
+    return record
+
+
+def measure(s: Session) -> dict:
+    """Time the baseline commit against the incumbent now, in one process; not recorded."""
     st = s.state
     started, t0 = time.time(), time.monotonic()
     record = {"schema": records.SCHEMA, "kind": records.CONFIRMATION,
@@ -65,7 +72,6 @@ def ensure(s: Session) -> dict | None:
             record.update(environment=timing.raw.get("environment"),
                           method=timing.raw.get("method"))
     record.update(wall_s=round(time.monotonic() - t0, 3), finished_at=time.time())
-    records.append(s.records_path, record)
     return record
 
 

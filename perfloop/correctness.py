@@ -12,11 +12,16 @@ from pathlib import Path
 
 from perfloop import judging, verify
 from perfloop.kernel import import_module, read_toml
+from perfloop.playbook import freeze
 
 
 def requested_variants() -> list[dict] | None:
-    """The variants the loop asked for: [{label, folder, knobs}], or None outside the loop."""
-    return judging.REQUEST["variants"] if judging.REQUEST else None
+    """The variants the loop asked for: [{label, folder, knobs}] with knob lists as tuples (as
+    build() takes them), or None outside the loop."""
+    if not judging.REQUEST:
+        return None
+    return [{**v, "knobs": {k: freeze(x) for k, x in v["knobs"].items()}}
+            for v in judging.REQUEST["variants"]]
 
 
 _modules: dict[str, object] = {}

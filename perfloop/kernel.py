@@ -1,13 +1,14 @@
 """The kernel plug-in contract: how perfloop finds a kernel folder and what it reads there.
 
 A kernel folder holds
-  kernel.toml  name, the judge (a pytest file outside the folder), benchmark shapes, and
-               optional per-knob candidate overrides;
-  knobs.json   the tunable values: the one file the loop edits and commits;
-  kernel.py    build(knobs) -> launch(inputs, out); make_inputs(shape, seed, device);
-               empty_output(inputs); reference(*inputs); traffic(shape) -> (bytes, flops);
-               optionally compile_ahead(knobs, shapes, arch) for `perfloop check`, and Clock
-               to replace CUDA-event timing (test kernels only).
+  kernel.toml  name, the judge (a tracked pytest file outside the folder), benchmark shapes,
+               tolerances per output dtype, optional per-knob candidates; pinned for a run;
+  knobs.json   the tunable values: the file the loop edits and commits;
+  kernel.py    build(knobs) -> launch(inputs, out), which experiments change; and the
+               benchmark, which a run takes from its base commit: make_inputs(shape, seed,
+               device), empty_output(inputs), reference(*inputs), traffic(shape) -> (bytes,
+               flops), optionally DEVICE and Clock (CPU-timed kernels); optionally
+               compile_ahead(knobs, shapes, arch) for `perfloop check`.
 README.md ("Writing a kernel") documents it for users.
 """
 
@@ -59,10 +60,6 @@ class KernelSpec:
     @property
     def headline(self) -> Shape:
         return next(s for s in self.shapes if s.headline)
-
-    @property
-    def knobs_file(self) -> Path:
-        return self.folder / KNOBS
 
     def read_knobs(self, folder: Path | None = None) -> dict:
         return read_knobs((folder or self.folder) / KNOBS)

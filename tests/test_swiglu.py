@@ -1,8 +1,9 @@
 """SwiGLU correctness, owned by the harness: the loop changes kernels/swiglu/, never this file.
 
 Run by hand it judges the committed knobs and the extreme value of every knob family; run by
-the loop (PERFLOOP_VARIANTS set) it judges exactly the candidates the loop asks about. Every
-output is poisoned with NaN before the launch, so an element the kernel never writes fails.
+the loop (through the perfloop.judging plugin) it judges exactly the candidates the loop asks
+about. Every output is poisoned with NaN before the launch, so an element the kernel never
+writes fails. Tolerances are the kernel's declared ones (kernel.toml), as the timer uses them.
 """
 
 from pathlib import Path
