@@ -301,6 +301,10 @@ def test_record_files_are_created_like_any_other_file(scratch):
 
 
 def test_a_regular_install_finds_the_shipped_playbook(scratch, tmp_path):
+    from importlib.metadata import version
+
+    if int(version("setuptools").split(".")[0]) < 77:
+        pytest.skip("building perfloop offline needs setuptools>=77 (the dev extra installs it)")
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
                     "--no-build-isolation", "--target", str(target), str(ROOT)], check=True,
