@@ -200,6 +200,7 @@ def test_judge_and_timer_give_kernel_code_the_same_environment(scratch, tmp_path
     assert len(seen) >= 2                       # built in the judge and in the timing worker
     assert all(env == seen[0] for env in seen)  # nothing tells them apart
     assert not any(k.startswith("PERFLOOP_") and k != "PERFLOOP_PLAYBOOK" for k in seen[0])
+    assert seen[0]["PERFLOOP_PLAYBOOK"] == str(scratch.path / "playbook")  # --playbook reaches them
     assert scratch.head() != before["head"] or out["experiment"]["status"] != "keep"
 
 
