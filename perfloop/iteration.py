@@ -154,12 +154,9 @@ def run(s: Session, proposal: Proposal) -> dict:
     phase_s["correctness"] = judged.wall_s
     crashpoint("correctness", iteration)
     outcome = {v["label"]: _judged(v["label"], judged) for v in candidates}
-    foreign = audit.unpinned_imports(s.repo, s.root, sorted(judged.imports),
-                                     state.base_commit, allowed)
-    if foreign:
-        for label in outcome:
-            outcome[label] = (FAIL, f"the judge imported {gitops.listing(foreign)}, which "
-                                    "differs from the run's base commit: its verdict does not count")
+    _void_if_foreign(s, outcome, judged.imports, allowed,
+                     "the judge imported {}, which differs from the run's base commit: its "
+                     "verdict does not count")
     passing = [v for v in candidates if outcome[v["label"]][0] == OK]
 
     timing, passes, best = None, [], None
@@ -172,12 +169,9 @@ def run(s: Session, proposal: Proposal) -> dict:
         phase_s["timing"] = round(timing.wall_s - judged.wall_s, 3)  # after the judge
         crashpoint("timing", iteration)
         _apply_timing(outcome, timing, proposal.kind)
-        foreign = audit.unpinned_imports(s.repo, s.root, sorted(timing.imports),
-                                         state.base_commit, allowed)
-        if foreign:
-            for label in outcome:
-                outcome[label] = (FAIL, f"kernel code imported {gitops.listing(foreign)} from "
-                                        "outside its folder, which no experiment commits")
+        _void_if_foreign(s, outcome, timing.imports, allowed,
+                         "kernel code imported {} from outside its folder, which no "
+                         "experiment commits")
         if not timing.crashed and timing.raw:  # (empty when every candidate was dropped)
             passes = [phases.summarize_pass(p, ceiling=timing.raw.get("ceilings"))
                       for p in timing.raw["passes"]]
@@ -234,6 +228,16 @@ def run(s: Session, proposal: Proposal) -> dict:
     crashpoint("record", iteration)
     finish(s, record)
     return record
+
+
+def _void_if_foreign(s: Session, outcome: dict, imported: set, allowed: list, why: str) -> None:
+    """A verdict reached by a process that imported repository files the run did not pin
+    (besides the candidate's folder and perfloop's exports) counts for nothing: all FAIL."""
+    foreign = audit.unpinned_imports(s.repo, s.root, sorted(imported), s.state.base_commit,
+                                     allowed)
+    if foreign:
+        for label in outcome:
+            outcome[label] = (FAIL, why.format(gitops.listing(foreign)))
 
 
 def _judged(label: str, judged: phases.JudgeResult) -> tuple[str, str]:

@@ -143,6 +143,10 @@ MANIFEST_MISTAKES = {
     "judge missing": ('judge = "tests/judge_scripted.py"', 'judge = "tests/nope.py"',
                       "judge tests/nope.py does not exist"),
     "no shapes": ("[[shapes]]", "[[nothing]]", "needs a judge and [[shapes]]"),
+    "duplicate shape names": ('name = "tail"', 'name = "guard"', "guard is used twice"),
+    "requires_gpu as a string": ("requires_gpu = false", 'requires_gpu = "false"',
+                                 "requires_gpu must be true or false"),
+    "a syntax error": ('name = "scripted"', 'name = "scripted', "kernel manifest"),  # not "playbook"
 }
 
 
@@ -150,6 +154,7 @@ MANIFEST_MISTAKES = {
 def test_kernel_manifest_mistakes(scratch, mistake):
     old, new, message = MANIFEST_MISTAKES[mistake]
     manifest = scratch.kernel / "kernel.toml"
+    assert old in manifest.read_text()
     manifest.write_text(manifest.read_text().replace(old, new))
     scratch.commit_all(mistake)
     before = scratch.snapshot()

@@ -257,27 +257,6 @@ def test_bad_state_gives_one_line_and_exit_2(scratch, mistake):
     assert "internal error" not in out["error"] and scratch.snapshot() == before
 
 
-MANIFEST_MISTAKES = {
-    "duplicate shape names": ('name = "tail"', 'name = "guard"', "guard is used twice"),
-    "requires_gpu as a string": ("requires_gpu = false", 'requires_gpu = "false"',
-                                 "requires_gpu must be true or false"),
-    "a syntax error": ("[[shapes]]", "[[shapes]", "kernel manifest"),
-}
-
-
-@pytest.mark.parametrize("mistake", MANIFEST_MISTAKES)
-def test_manifest_mistakes_are_named_as_such(scratch, mistake):
-    old, new, message = MANIFEST_MISTAKES[mistake]
-    manifest = scratch.kernel / "kernel.toml"
-    assert old in manifest.read_text()
-    manifest.write_text(manifest.read_text().replace(old, new, 1))
-    scratch.commit_all(mistake)
-    before = scratch.snapshot()
-    code, out, _ = scratch.cli("init", "--kernel", "scripted")
-    assert code == 2 and message in out["error"] and "playbook" not in out["error"]
-    assert scratch.snapshot() == before
-
-
 def test_max_iterations_must_not_be_negative(scratch):
     code, out, _ = scratch.cli("run", "--kernel", "scripted", "--max-iterations", "-1")
     assert code == 2 and "must be 0 or more" in out["error"]
