@@ -84,7 +84,7 @@ def test_the_judge_edited_in_place_is_refused(scratch):
     assert scratch.head() == before["head"]
 
 
-@pytest.mark.parametrize("planted", ["tests/conftest.py", "tests/perfloop.py", "random.py",
+@pytest.mark.parametrize("planted", ["tests/conftest.py", "tests/perfloop.py", "torch.py", "random.py",
                                      "tests/perfloop/__init__.py"])
 def test_a_module_planted_where_the_judge_imports_from_is_refused(scratch, planted):
     """A conftest.py, or a module shadowing one the judge imports, would rewrite the verdict."""

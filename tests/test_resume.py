@@ -101,7 +101,10 @@ def test_ctrl_c_stops_the_run_and_resume_goes_on(scratch):
     env = {**os.environ, "PYTHONPATH": pythonpath(), "SCRIPTED_DELAY_S": "0.002"}
     proc = subprocess.Popen([sys.executable, "-m", "perfloop", "run", "--kernel", "scripted"],
                             cwd=scratch.path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            # a shell that started the tests in the background ignores SIGINT,
+                            # and its children inherit that: give this one Ctrl-C back
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     work = scratch.path / "sandbox/scripted/work"
     deadline = time.monotonic() + 60
     while not list(work.glob("iter-01-*/timing-*-spec.json")) and time.monotonic() < deadline:
