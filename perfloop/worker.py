@@ -247,7 +247,7 @@ class Worker:
                 "fresh_ratio": {label: _fresh_ratio(c) for label, c in rounds.checked.items()}}
 
     def _before_batch(self, label: str, shape: Shape) -> None:
-        self._check_tamper(getattr(self, "progress_label", label))
+        self._check_tamper(self.progress_label)  # whose code ran since the last check
         self.progress_label = label
         self.progress(label, "time", shape=shape.name)
 
