@@ -12,7 +12,8 @@ timed against the incumbent in the same process, committed, then kept or reverte
 2 iterations in a row without improvement, after a kept gain under 2%, after iteration 25, when
 nothing is left to try, or on Ctrl-C (then --resume continues). When a stop rule fires, the
 baseline and the final incumbent are timed against each other in one process: that ratio is
-the run's speedup in `perfloop report`. Needs an NVIDIA GPU."""
+the run's speedup in `perfloop report`. Needs an NVIDIA GPU, unless the kernel is timed by a
+clock of its own (requires_gpu = false)."""
 
 
 def add_arguments(p):
