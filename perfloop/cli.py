@@ -83,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
                                  f"{log}; an interrupted iteration, if any, is finished by "
                                  "`perfloop run --resume`)", 1)
     code = result.pop("exit_code", 0)
+    if code:  # a failed experiment or check: its answer says so the way every error does
+        result.setdefault("error", result.pop("failure", None) or f"{args.command} failed")
+        result["exit_code"] = code
     if getattr(args, "json", False):
         print(dumps({"schema": SCHEMA, "command": args.command, "ok": code == 0, **result}))
     else:

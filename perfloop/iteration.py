@@ -350,11 +350,11 @@ def recover(s: Session) -> Proposal | None:
     recs = s.records()
     if flight is None:
         if len(table.read_rows(s.table_path)) < len(recs):  # killed between record and row
-            finish(s, recs[-1])
+            _refinish(s, recs[-1])
         return None
     done = next((r for r in recs if r["iteration"] == flight["iteration"]), None)
     if done is not None:
-        finish(s, done)
+        _refinish(s, done)
         return None
     proposal = _proposal_from_flight(s, flight)
     ours = _perfloops_commit(s, flight)
@@ -378,6 +378,25 @@ def recover(s: Session) -> Proposal | None:
     state.in_flight = None
     s.save_state()
     return proposal
+
+
+def _refinish(s: Session, record: dict) -> None:
+    """finish() for a recorded experiment, once it is sure that moving the branch back (on a
+    revert) takes away only perfloop's own commit, and no edit made since the interruption."""
+    head = gitops.head(s.repo)
+    if head not in (record["commit"], s.state.incumbent):
+        _, message = gitops.parent_and_message(s.repo, head)
+        raise UserError(f"refused: branch {s.state.branch} has a commit perfloop did not make "
+                        f"({head[:12]}: {message.splitlines()[0][:60]}) where iteration "
+                        f"{record['iteration']} was being finished; move it to another branch "
+                        f"(`git branch mine; git reset --keep {s.state.incumbent[:12]}`), "
+                        "then resume")
+    inside = s.changes_inside_folder()
+    if record["status"] != decide.KEEP and head != s.state.incumbent and inside:
+        raise UserError(f"refused: {gitops.listing(inside)} changed after perfloop was "
+                        f"interrupted in iteration {record['iteration']}, whose revert would "
+                        "overwrite it. Commit it elsewhere or stash it, then resume")
+    finish(s, record)
 
 
 def _perfloops_commit(s: Session, flight: dict) -> str | None:

@@ -48,7 +48,8 @@ def execute(args):
            "failures": failures, "seconds": round(time.monotonic() - t0, 1),
            "coverage": "all combinations" if args.all else "every value pair"}
     if failures:
-        out["exit_code"] = 1
+        out.update(exit_code=1, failure=f"{len(failures)} of {len(combos) * len(archs)} "
+                                        "variants did not compile")
     return out
 
 

@@ -24,7 +24,7 @@ def execute(args):
     record = loop.start(s, new=args.new)
     if record.get("undone"):
         return {"experiment": views.experiment(record), "undone": record["undone"],
-                "status": None, "exit_code": 1}
+                "status": None, "exit_code": 1, "failure": record["undone"]}
     return {"experiment": views.experiment(record), "undone": None, "status": views.status(s)}
 
 

@@ -57,14 +57,15 @@ def execute(args):
         if redone.get("undone"):
             report(redone)
             return {"experiments_this_call": lines, "stop_reason": redone["undone"],
-                    "status": None, "exit_code": 1}
+                    "status": None, "exit_code": 1, "failure": redone["undone"]}
     if redone:
         report(redone)
     reason = loop.run(s, report, args.max_iterations)
     st = views.status(s)
     out = {"experiments_this_call": lines, "stop_reason": reason, "status": st}
     if st["iterations"] and st["experiments"][0]["status"] != "keep":
-        out["exit_code"] = 1
+        out.update(exit_code=1, failure=f"the baseline did not pass: "
+                                        f"{st['experiments'][0]['reason']}")
     return out
 
 
