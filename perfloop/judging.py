@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 REQUEST: dict | None = None
+_BEFORE: dict = {}  # perfloop's judging functions as they were before any kernel code ran
 
 
 def pytest_addoption(parser):
@@ -21,11 +22,13 @@ def pytest_configure(config):
     global REQUEST
     path = config.getoption("--perfloop-request")
     if path:
+        from perfloop import tamper
         from perfloop.child import guard_parent
 
         guard_parent()
         REQUEST = json.loads(Path(path).read_text())
         _hide_pytest_from_the_environment()
+        _BEFORE.update(tamper.snapshot(modules=tamper.JUDGE_MODULES))
 
 
 def _hide_pytest_from_the_environment() -> None:
@@ -41,8 +44,14 @@ def _hide_pytest_from_the_environment() -> None:
 
 
 def pytest_sessionfinish(session, exitstatus):
+    """What the loop checks after the judge: every file it imported, and whether code that ran
+    in it replaced perfloop's judging functions."""
     if REQUEST and REQUEST.get("imports_out"):
-        Path(REQUEST["imports_out"]).write_text(json.dumps(imported_files()))
+        from perfloop import tamper
+
+        Path(REQUEST["imports_out"]).write_text(json.dumps(
+            {"imports": imported_files(),
+             "tampered": tamper.changed(_BEFORE, modules=tamper.JUDGE_MODULES)}))
 
 
 def imported_files() -> list[str]:

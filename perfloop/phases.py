@@ -53,6 +53,7 @@ class JudgeResult:
     passed: dict = field(default_factory=dict)   # label -> bool, for labels judged to the end
     cases: dict = field(default_factory=dict)    # label -> [case records]
     imports: set = field(default_factory=set)    # every file a judge process imported
+    tampered: set = field(default_factory=set)   # perfloop functions kernel code replaced
     wall_s: float = 0.0
     detail: str = ""
 
@@ -74,8 +75,8 @@ def _judge_once(judge_file: Path, variants: list[dict], *, cwd: Path, work: Path
         for line in log.read_text().splitlines():
             entry = json.loads(line)
             cases.setdefault(entry["label"], []).append(entry)
-    imported = set(json.loads(imports.read_text())) if imports.exists() else set()
-    return res, cases, imported
+    audit = json.loads(imports.read_text()) if imports.exists() else {}
+    return res, cases, audit
 
 
 def judge(judge_file: Path, variants: list[dict], *, cwd: Path, work: Path, deadline: float,
@@ -87,9 +88,10 @@ def judge(judge_file: Path, variants: list[dict], *, cwd: Path, work: Path, dead
     groups = [variants]
     while groups:
         group = groups.pop(0)
-        res, cases, imported = _judge_once(judge_file, group, cwd=cwd, work=work,
-                                           deadline=deadline, stall_s=stall_s, env=env)
-        out.imports |= imported
+        res, cases, audit = _judge_once(judge_file, group, cwd=cwd, work=work,
+                                        deadline=deadline, stall_s=stall_s, env=env)
+        out.imports |= set(audit.get("imports", ()))
+        out.tampered |= set(audit.get("tampered", ()))
         if res.died or res.returncode not in (0, 1):
             if len(group) > 1 and time.monotonic() < deadline:
                 groups.extend([v] for v in group)

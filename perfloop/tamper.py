@@ -1,11 +1,12 @@
 """Noticing kernel code that replaces the functions which time and check it.
 
-Kernel code runs in the timing process, so it could monkeypatch the clock, the output check
-or the result writer. A snapshot of those functions is taken before any kernel code is
-imported and compared after every import and every timed batch; a difference names the
-variant whose code ran last. This stops the plain attack (assigning a new function), not code
-that rewrites memory through ctypes: against that, only the checks that run in the parent
-(statistics, the physical floor, the judge in its own process) stand.
+Kernel code runs in the timing process (and in the judge's), so it could monkeypatch the
+clock, the output check or the result writer. A snapshot of those functions is taken before
+any kernel code is imported and compared after every import and every timed batch (in the
+judge: once, at the end); a difference names the variant whose code ran last. This stops
+the plain attack (assigning a new function), not code that rewrites memory through ctypes:
+against that, only the checks that run in the parent (statistics, the physical floor, the
+judge in its own process) stand.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import time
 
 WATCHED_MODULES = ("perfloop.measure", "perfloop.verify", "perfloop.worker", "perfloop.atomic",
                    "perfloop.streams", "perfloop.tamper")
+JUDGE_MODULES = ("perfloop.correctness", "perfloop.verify", "perfloop.judging", "perfloop.tamper")
 WATCHED_OBJECTS = {"builtins": builtins, "json": json, "os": os, "time": time,
                    "random": random, "statistics": statistics}
 WATCHED_NAMES = {"builtins": ("open",), "json": ("dumps", "dump"), "os": ("replace", "fsync"),
@@ -40,11 +42,11 @@ def _members(obj, prefix: str) -> dict:
     return out
 
 
-def snapshot(extra: dict | None = None) -> dict:
-    """ids of every function and method of perfloop's timing modules, of the library
-    functions they call, and of `extra` {name: object} (e.g. torch's event and sync)."""
+def snapshot(extra: dict | None = None, modules: tuple = WATCHED_MODULES) -> dict:
+    """ids of every function and method of perfloop's timing (or judging) modules, of the
+    library functions they call, and of `extra` {name: object} (e.g. torch's event and sync)."""
     ids = {}
-    for name in WATCHED_MODULES:
+    for name in modules:
         ids.update(_members(importlib.import_module(name), name))
     for mod, names in WATCHED_NAMES.items():
         for attr in names:
@@ -54,7 +56,8 @@ def snapshot(extra: dict | None = None) -> dict:
     return ids
 
 
-def changed(before: dict, extra_now: dict | None = None) -> list[str]:
+def changed(before: dict, extra_now: dict | None = None,
+            modules: tuple = WATCHED_MODULES) -> list[str]:
     """Names whose object is no longer the one in `before`."""
-    now = snapshot(extra_now)
+    now = snapshot(extra_now, modules)
     return sorted(name for name, ident in before.items() if now.get(name) != ident)

@@ -176,6 +176,7 @@ def test_a_judge_under_an_ignored_path_is_refused_at_init(scratch):
     ("sniff", "timed output differs from the reference"),        # right only under pytest
     ("memo", "results look cached"),                             # remembers inputs it has seen
     ("tamper", "replaced perfloop's timing or checking functions"),
+    ("tamper-judge", "replaced perfloop's judging functions in the judge"),
 ])
 def test_a_kernel_that_cheats_where_the_judge_cannot_see_fails(scratch, mode, reason):
     scratch.script([{"when": {"mode": mode}, "factor": {"*": 0.5}}])   # and it would be faster

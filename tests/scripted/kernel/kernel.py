@@ -13,6 +13,7 @@ kernel can see for itself: how often a built launcher was called and how large i
   memo             remembers results by input content: repeated inputs cost a tenth
   sniff            correct only when pytest is loaded (judged), wrong otherwise (timed)
   tamper           replaces perfloop's batch timer with one that reports half the time
+  tamper-judge     replaces perfloop's output comparison with one that always passes
   env              writes its environment to $SCRIPTED_ENV_DUMP/<pid>.json, then doubles
 SCRIPTED_DELAY_S slows every launch down, so a test can interrupt a timing in progress.
 """
@@ -67,6 +68,8 @@ def build(knobs: dict):
     delay = float(os.environ.get("SCRIPTED_DELAY_S", "0"))
     counter = itertools.count()
     seen: set = set()
+    if mode == "tamper-judge" and "perfloop.verify" in sys.modules:
+        sys.modules["perfloop.verify"].compare = lambda *args, **kw: {"passed": True}
     if mode == "tamper" and "perfloop.measure" in sys.modules:
         m = sys.modules["perfloop.measure"]
         real = m._batch
