@@ -51,6 +51,10 @@ def _require_startable(s: Session, new: bool) -> State | None:
         raise UserError(f"{gitops.listing(shadows)} could be imported by the judge but is not "
                         "committed (new, ignored or changed); commit or remove it first")
     existing = s.load_state()
+    if existing is not None and existing.in_flight:  # --new too: HEAD may be its commit
+        raise UserError(f"iteration {existing.in_flight['iteration']} of the run on branch "
+                        f"{existing.branch} was interrupted; finish it with `perfloop run "
+                        "--resume` first (then --new archives the run)")
     if existing is not None and not existing.stopped and not new:
         what = "was interrupted" if existing.interrupted or existing.in_flight else "is in progress"
         raise UserError(f"a run of '{s.spec.name}' {what} on branch {existing.branch}; continue "

@@ -115,6 +115,26 @@ def test_an_interrupted_run_is_not_archived_silently(scratch):
     assert scratch.snapshot() == before
 
 
+@pytest.mark.parametrize("phase", ["commit", "committed"])
+def test_new_does_not_start_from_an_unrecorded_experiment(scratch, phase):
+    """Killed right after its commit, the experiment is HEAD of the run's branch: a new run
+    started there would take it for its baseline. Found by the state-machine test."""
+    scratch.script([{"when": {"fast_math": True}, "factor": {"*": 0.8}}])
+    scratch.commit_all("script")
+    assert scratch.cli("init", "--kernel", "scripted")[0] == 0
+    code, _, _ = scratch.cli("step", "--kernel", "scripted", "--opt", "fast_math",
+                             env={"PERFLOOP_CRASH_AT": phase})
+    assert code == -9
+    before = scratch.snapshot()
+    code, out, _ = scratch.cli("init", "--kernel", "scripted", "--new")
+    assert code == 2 and "was interrupted" in out["error"] and scratch.snapshot() == before
+    assert scratch.cli("run", "--kernel", "scripted", "--resume", "--max-iterations", "0")[0] == 0
+    finished = scratch.records()[-1]                     # the experiment, now recorded
+    code, out, err = scratch.cli("init", "--kernel", "scripted", "--new")
+    assert code == 0, err
+    assert out["status"]["base_commit"] == finished["commit"] and finished["status"] == "keep"
+
+
 # ---- 3. run identity: no run reuses another's branch or refs ------------------------------
 def test_a_second_run_after_merging_and_deleting_the_first_branch_keeps_every_experiment(scratch):
     scratch.script([{"when": {"fast_math": True}, "factor": {"*": 0.8}}])
