@@ -172,6 +172,7 @@ def start_timing(variants: list[dict], shapes: list[dict], rules: Rules, *, cont
     and its control)."""
     common = {"shapes": shapes, "measure": vars(rules.measure),
               "max_fresh_ratio": rules.verify.max_fresh_ratio, "contract_folder": str(contract),
+              "regression_tolerance": rules.decision.regression_tolerance,
               "tolerance": tolerance, "headline": headline, "ceilings_cache": str(ceilings_cache),
               **({"checked": checked} if checked is not None else {})}
     pending = Pending(common, list(variants), work, cwd, env, rules.stall_timeout_s,

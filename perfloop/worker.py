@@ -10,8 +10,8 @@ batch one repetition at a random place runs on freshly drawn inputs and its outp
 against the float64 reference within the kernel's declared tolerance; the output is poisoned
 before every repetition, so a skipped write cannot pass. A variant that fails that check, runs
 work on another stream, raises, or replaces perfloop's functions is dropped and recorded with
-the reason; the others go on. With `select`, the fastest candidate is then timed again against
-the incumbent in fresh rounds, so the pick among several candidates is not judged on the same
+the reason; the others go on. With `select`, the fastest candidate (at the headline, among those
+that lose at no shape) is then timed again against the incumbent in fresh rounds, so the pick among several candidates is not judged on the same
 samples that picked it.
 
 Before each variant's code runs, a line naming it goes to the progress file: if this process
@@ -297,7 +297,8 @@ class Worker:
         best = None
         candidates = [label for label in labels[2:] if label not in self.failed]
         if self.select and len(candidates) > 1 and passes[0]["shapes"]:
-            best = _fastest(passes[0], candidates, self.spec["headline"])
+            best = _fastest(passes[0], candidates, self.spec["headline"],
+                            self.spec.get("regression_tolerance", 0.0))
             passes.append(self.time_pass([INCUMBENT, CONTROL, best], seed + 1))
         elif len(candidates) == 1:
             best = candidates[0]
@@ -328,11 +329,18 @@ def _describe_mismatch(failure: dict) -> str:
             f"atol={failure['atol']} rtol={failure['rtol']}, relative error {failure['rel_err']:.3g}")
 
 
-def _fastest(first_pass: dict, candidates: list[str], headline: str) -> str:
-    shape = first_pass["shapes"][headline]
-    medians = {label: [statistics.median(r) for r in shape["rounds"][label]]
-               for label in [INCUMBENT, *candidates]}
-    return min(candidates, key=lambda label: stats.compare(medians[INCUMBENT], medians[label]).ratio)
+def _fastest(first_pass: dict, candidates: list[str], headline: str, tolerance: float) -> str:
+    """The candidate to carry into the decision: the fastest at the headline among those no
+    slower than the incumbent (beyond `tolerance`) at any shape; the fastest at the headline
+    when every candidate loses somewhere (the decision then reverts, saying where)."""
+    ratios = {label: {} for label in candidates}
+    for name, shape in first_pass["shapes"].items():
+        inc = [statistics.median(r) for r in shape["rounds"][INCUMBENT]]
+        for label in candidates:
+            mine = [statistics.median(r) for r in shape["rounds"][label]]
+            ratios[label][name] = stats.compare(inc, mine).ratio
+    safe = [c for c in candidates if max(ratios[c].values()) <= 1 + tolerance]
+    return min(safe or candidates, key=lambda label: ratios[label][headline])
 
 
 def main(spec_path: str) -> int:

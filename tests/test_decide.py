@@ -114,6 +114,22 @@ def test_ranking_follows_class_priority_skips_tried_and_applies_penalties():
     assert compute[0] == "tile_shape" and "memory_path" not in compute  # not offered there
 
 
+def test_a_kernel_tag_reorders_the_playbook_and_says_so():
+    pb = load(SHIPPED)
+    knobs = {"fast_math": False, "tile": (1, 0), "occupancy": None, "store_allow_tma": None,
+             "memory_path": "load_store", "num_ctas": None}
+    plain = decide.rank(pb.optimizations, "memory-bound", knobs, {}, set(), {})
+    tagged = decide.rank(pb.optimizations, "memory-bound", knobs, {}, set(), {}, ("reduction",))
+    assert plain[0].optimization.id == "fast_math"
+    assert [s.optimization.id for s in tagged][:3] == ["store_tma", "tile_shape", "occupancy"]
+    assert "for reduction kernels" in tagged[0].reason
+    # entries without a rank for the tag keep their class's rank (num_ctas: 9 for memory-bound)
+    assert next(s for s in tagged if s.optimization.id == "num_ctas").rank == 9
+    # a tag the catalog does not know changes nothing
+    other = decide.rank(pb.optimizations, "memory-bound", knobs, {}, set(), {}, ("attention",))
+    assert [s.optimization.id for s in other] == [s.optimization.id for s in plain]
+
+
 def test_candidates_exclude_the_current_value_and_honour_kernel_overrides():
     opt = load(SHIPPED).get("occupancy")
     assert decide.candidates_for(opt, {"occupancy": 4}, {}) == (1, 2, 8, 16)
@@ -123,3 +139,21 @@ def test_candidates_exclude_the_current_value_and_honour_kernel_overrides():
 @pytest.mark.parametrize("flops,cls", [(5.0, "memory-bound"), (20.0, "balanced"), (80.0, "compute-bound")])
 def test_classification_by_arithmetic_intensity(flops, cls):
     assert decide.classify(1.0, flops)[0] == cls
+
+
+def test_selection_carries_the_fastest_candidate_that_loses_nowhere():
+    from perfloop.worker import INCUMBENT, _fastest
+
+    def shape(**medians):  # three rounds of one sample each
+        return {"rounds": {label: [[m], [m], [m]] for label, m in medians.items()}}
+
+    first = {"shapes": {
+        "head": shape(**{INCUMBENT: 100.0, "fast-but-breaks-guard": 60.0, "good": 80.0,
+                         "slow": 120.0}),
+        "guard": shape(**{INCUMBENT: 50.0, "fast-but-breaks-guard": 150.0, "good": 45.0,
+                          "slow": 40.0})}}
+    labels = ["fast-but-breaks-guard", "good", "slow"]
+    assert _fastest(first, labels, "head", 0.01) == "good"
+    # when every candidate loses somewhere, the fastest at the headline goes to the decision
+    assert _fastest(first, ["fast-but-breaks-guard", "slow"], "head", 0.01) == \
+        "fast-but-breaks-guard"
