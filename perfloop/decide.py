@@ -110,18 +110,22 @@ def candidates_for(opt: Optimization, knobs: dict, overrides: dict) -> tuple:
 
 
 def rank(optimizations: tuple[Optimization, ...], kernel_class: str, knobs: dict,
-         overrides: dict, tried: set[str], penalties: dict[str, int]) -> list[Suggestion]:
-    """Untried optimizations that apply to this kernel, best first."""
+         overrides: dict, tried: set[str], penalties: dict[str, int],
+         tags: tuple = ()) -> list[Suggestion]:
+    """Untried optimizations that apply to this kernel, best first: by the rank for one of
+    the kernel's tags where the entry gives one, else by the rank for its class."""
     out = []
     for order, opt in enumerate(optimizations):
-        if opt.id in tried or kernel_class not in opt.applies_to or opt.knob not in knobs:
+        tagged = any(t in opt.by_tag for t in tags)
+        if opt.id in tried or opt.knob not in knobs or not (
+                tagged or kernel_class in opt.applies_to):
             continue
         values = candidates_for(opt, knobs, overrides)
         if not values:
             continue
-        base = int(opt.priority[kernel_class])
+        base, source = opt.rank_for(kernel_class, tags)
         penalty = penalties.get(opt.family, 0)
-        reason = f"priority {base} for {kernel_class} kernels"
+        reason = f"priority {base} for {source}"
         if penalty:
             reason += f", +{penalty} because family '{opt.family}' gained only a little"
         out.append((base + penalty, order, Suggestion(opt, values, base + penalty,

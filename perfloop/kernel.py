@@ -2,7 +2,8 @@
 
 A kernel folder holds
   kernel.toml  name, the judge (a tracked pytest file outside the folder), benchmark shapes,
-               tolerances per output dtype, optional per-knob candidates; pinned for a run;
+               tolerances per output dtype, optional per-knob candidates and tags (the
+               playbook's ranking for kinds of kernel); pinned for a run;
   knobs.json   the tunable values: the file the loop edits and commits;
   kernel.py    build(knobs) -> launch(inputs, out), which experiments change; and the
                benchmark, which a run takes from its base commit: make_inputs(shape, seed,
@@ -56,6 +57,7 @@ class KernelSpec:
     tolerance: dict = field(default_factory=dict)   # dtype -> {rtol, atol, max_rel_err}
     judge_rel: str = ""                             # the judge, relative to the repository root
     manifest_text: str = ""
+    tags: tuple = ()                                # e.g. ("reduction",): the playbook ranks by them
 
     @property
     def headline(self) -> Shape:
@@ -173,6 +175,9 @@ def load_spec(folder: Path, repo_root: Path, text: str | None = None) -> KernelS
     if not isinstance(candidates, dict) or not all(isinstance(v, list) and v
                                                    for v in candidates.values()):
         raise bad("[candidates] maps knob names to non-empty lists of values")
+    tags = manifest.get("tags", [])
+    if not isinstance(tags, list) or not all(isinstance(t, str) and t for t in tags):
+        raise bad("tags must be a list of names, e.g. [\"reduction\"]")
     judge = (repo_root / judge_rel).resolve()
     if not judge.is_file():
         raise bad(f"judge {judge_rel} does not exist")
@@ -181,7 +186,7 @@ def load_spec(folder: Path, repo_root: Path, text: str | None = None) -> KernelS
                   "everything inside it")
     return KernelSpec(name, folder, judge, shapes,
                       {k: tuple(freeze(v) for v in vals) for k, vals in candidates.items()},
-                      requires_gpu, tolerance, judge_rel, text)
+                      requires_gpu, tolerance, judge_rel, text, tuple(tags))
 
 
 def import_module(folder: Path, tag: str):

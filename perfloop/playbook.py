@@ -27,6 +27,15 @@ class Optimization:
     applies_to: tuple[str, ...]
     priority: dict
     why: str
+    by_tag: dict = dataclasses.field(default_factory=dict)  # kernel tag -> rank, over the class's
+
+    def rank_for(self, kernel_class: str, tags: tuple = ()) -> tuple[int, str]:
+        """This entry's rank for a kernel, and what set it: the best rank among the kernel's
+        tags that the entry names, else the rank for its class."""
+        tagged = sorted((int(self.by_tag[t]), t) for t in tags if t in self.by_tag)
+        if tagged:
+            return tagged[0][0], f"{tagged[0][1]} kernels"
+        return int(self.priority[kernel_class]), f"{kernel_class} kernels"
 
 
 @dataclass(frozen=True)
@@ -128,14 +137,17 @@ def _optimization(raw: dict, path: Path) -> Optimization:
             id=raw["id"], title=raw["title"], family=raw["family"], knob=raw["knob"],
             values=tuple(freeze(v) for v in raw["values"]),
             applies_to=tuple(raw["applies_to"]), priority=dict(raw["priority"]),
-            why=raw.get("why", ""),
+            why=raw.get("why", ""), by_tag=dict(raw.get("by_tag", {})),
         )
     except KeyError as exc:
         raise UserError(f"{path}: optimization {raw.get('id', '?')} lacks {exc}") from None
     bad = [c for c in opt.applies_to if c not in CLASSES or c not in opt.priority]
+    bad += [t for t, rank in opt.by_tag.items()
+            if not isinstance(rank, int) or isinstance(rank, bool)]
     if bad or not opt.values:
         raise UserError(f"{path}: optimization {opt.id}: every class in applies_to needs a "
-                        f"priority and values must not be empty (check {bad or 'values'})")
+                        f"priority, every by_tag rank must be an integer and values must not be empty (check "
+                        f"{bad or 'values'})")
     return opt
 
 

@@ -20,4 +20,4 @@ def suggestions(s: Session) -> list[decide.Suggestion]:
     tried = {r["optimization"] for r in recs if r["kind"] == "playbook"}
     knobs = s.incumbent_knobs()
     return decide.rank(s.playbook.optimizations, s.state.kernel_class, knobs,
-                       s.spec.candidates, tried, penalties(s, recs))
+                       s.spec.candidates, tried, penalties(s, recs), s.spec.tags)

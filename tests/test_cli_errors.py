@@ -147,6 +147,8 @@ MANIFEST_MISTAKES = {
     "requires_gpu as a string": ("requires_gpu = false", 'requires_gpu = "false"',
                                  "requires_gpu must be true or false"),
     "a syntax error": ('name = "scripted"', 'name = "scripted', "kernel manifest"),  # not "playbook"
+    "tags as a string": ("requires_gpu = false", 'requires_gpu = false\ntags = "reduction"',
+                         "tags must be a list of names"),
 }
 
 
