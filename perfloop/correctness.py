@@ -24,6 +24,43 @@ def requested_variants() -> list[dict] | None:
             for v in judging.REQUEST["variants"]]
 
 
+def extremes(values: list) -> list:
+    """The two ends of a knob's range; the smallest, largest and tallest of tiles; every value
+    of a categorical knob."""
+    numbers = [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
+    tiles = [v for v in values if isinstance(v, tuple)]
+    if numbers:
+        return sorted({min(numbers), max(numbers)})
+    if tiles:
+        def area(t):
+            return (t[0] * (t[1] or 1 << 30), t[0])  # a 0 or null column: the whole row
+        by_area = sorted(tiles, key=area)
+        return list(dict.fromkeys([by_area[0], by_area[-1], max(tiles, key=lambda t: t[0])]))
+    return values
+
+
+def default_variants(folder, combos: dict | None = None) -> list[dict]:
+    """What a judge run by hand checks: the committed knobs, each knob moved alone to the ends
+    of the values the playbook (and kernel.toml's [candidates]) can give it, and `combos`
+    {label: {knob: value}} applied over the committed knobs."""
+    from perfloop import playbook, variants
+    from perfloop.kernel import read_knobs
+
+    folder = Path(folder)
+    committed = read_knobs(folder / "knobs.json")
+    declared = read_toml(folder / "kernel.toml", "kernel manifest").get("candidates", {})
+    candidates = {k: [freeze(v) for v in vals] for k, vals in declared.items()}
+    out = [{"label": "committed", "knobs": committed}]
+    book = playbook.load(playbook.resolve_dir(None, folder.parent.parent))
+    for knob, values in variants.domains(book, committed, candidates).items():
+        for value in extremes([v for v in values if v != committed[knob]]):
+            out.append({"label": f"{knob}={value}", "knobs": {**committed, knob: value}})
+    for label, change in (combos or {}).items():
+        out.append({"label": label, "knobs": {**committed, **{k: freeze(v) for k, v in
+                                                               change.items()}}})
+    return [{**v, "folder": str(folder)} for v in out]
+
+
 _modules: dict[str, object] = {}
 
 

@@ -10,9 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from perfloop import playbook, variants
-from perfloop.correctness import check, module_for, requested_variants, tolerance
-from perfloop.kernel import read_knobs
+from perfloop.correctness import check, default_variants, module_for, requested_variants, tolerance
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.gpu
@@ -28,35 +26,15 @@ TOLERANCE = {dtype: tolerance(FOLDER, dtype) for dtype in ("bfloat16", "float16"
 SPECIAL = [-100.0, -30.0, -10.0, -1e-3, 0.0, 1e-3, 10.0, 30.0, 100.0]
 
 
-def _extremes(values: list) -> list:
-    """The two ends of a knob's range; every value of a categorical knob."""
-    numbers = [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
-    tiles = [v for v in values if isinstance(v, tuple)]
-    if numbers:
-        return sorted({min(numbers), max(numbers)})
-    if tiles:
-        by_area = sorted(tiles, key=lambda t: (t[0] * t[1], t[0]))
-        return list(dict.fromkeys([by_area[0], by_area[-1], max(tiles, key=lambda t: t[0])]))
-    return values
+COMBOS = {
+    "all-gather": {"memory_path": "gather_scatter", "fast_math": True, "tile": [2, 4096],
+                   "persistent": True, "occupancy": 8, "latency": 4},
+    "all-tiles": {"tile": [4, 1024], "persistent": True, "num_ctas": 2,
+                  "store_allow_tma": False, "latency": 8, "fast_math": True},
+}
 
 
-def default_variants() -> list[dict]:
-    committed = read_knobs(FOLDER / "knobs.json")
-    out = [{"label": "committed", "knobs": committed}]
-    domains = variants.domains(playbook.load(playbook.SHIPPED), committed, {})
-    for knob, values in domains.items():
-        for value in _extremes([v for v in values if v != committed[knob]]):
-            out.append({"label": f"{knob}={value}", "knobs": {**committed, knob: value}})
-    gathered = {"memory_path": "gather_scatter", "fast_math": True, "tile": (2, 4096),
-                "persistent": True, "occupancy": 8, "latency": 4}
-    busiest_tiles = {"tile": (4, 1024), "persistent": True, "num_ctas": 2,
-                     "store_allow_tma": False, "latency": 8, "fast_math": True}
-    for label, change in (("all-gather", gathered), ("all-tiles", busiest_tiles)):
-        out.append({"label": label, "knobs": {**committed, **change}})
-    return [{**v, "folder": str(FOLDER)} for v in out]
-
-
-VARIANTS = requested_variants() or default_variants()
+VARIANTS = requested_variants() or default_variants(FOLDER, COMBOS)
 
 
 def _inputs(dtype: str, dims: tuple, seed: int):
@@ -78,8 +56,7 @@ def test_matches_float64_reference(variant, dtype, dims, seed):
     expected = torch.nn.functional.silu(a.double()) * b.double()
 
     def run():
-        knobs = {k: tuple(v) if isinstance(v, list) else v for k, v in variant["knobs"].items()}
-        launch = module_for(variant["folder"]).build(knobs)
+        launch = module_for(variant["folder"]).build(variant["knobs"])
         out = torch.full_like(a, float("nan"))
         launch((a, b), out)
         return out
