@@ -1,0 +1,215 @@
+"""cuTile RMSNorm forward, y = x / sqrt(mean(x^2) + eps) * w over the last dimension, for
+bf16, fp16 and fp32 x of shape (..., n) and w of shape (n,); float32 arithmetic inside.
+
+Every knob in knobs.json is a compile-time constant or a kernel hint:
+  memory_path      "load_store": tiles through ct.load/ct.store (TMA where allowed);
+                   "gather_scatter": the same tiles through ct.gather/ct.scatter
+  tile             [rows, cols]: rows per block, and columns per tile along n (0: the whole
+                   row, padded to a power of two, in one tile). With cols < n the block loops
+                   over the row twice: sum of squares first, then normalize and store
+  latency          latency hint on the loads of x (null: none)
+  load_allow_tma   allow_tma on the loads of x (null: the compiler's choice)
+  store_latency    latency hint on the store (null: none)
+  store_allow_tma  allow_tma on the store (null: the compiler's choice)
+  occupancy        hint, blocks per SM (null: the compiler's choice)
+  persistent       grid of SM count x occupancy blocks striding over the row blocks
+  fast_math        approximate reciprocal square root, denormals flushed to zero
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import json
+from pathlib import Path
+
+import cuda.tile as ct
+import torch
+
+EPS = 1e-6
+ZERO = ct.PaddingMode.ZERO
+PERSISTENT_OCCUPANCY = 4  # blocks per SM of a persistent grid when occupancy is unset
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+KNOBS = Path(__file__).resolve().parent / "knobs.json"
+
+
+def _hint(value: int):
+    """-1/0/1 constants for null/false/true hints."""
+    return None if value < 0 else value == 1
+
+
+def _read(arr, t, j, TM: int, TN: int, GATHER: bool, LAT: int, TMA: int):
+    """The (TM, TN) tile of rows t*TM.. and columns j*TN.. as float32, zero outside."""
+    if GATHER:
+        rows = ct.reshape(t * TM + ct.arange(TM, dtype=ct.int32), (TM, 1))
+        cols = ct.reshape(j * TN + ct.arange(TN, dtype=ct.int32), (1, TN))
+        tile = ct.gather(arr, (rows, cols), latency=LAT if LAT > 0 else None)
+    else:
+        tile = ct.load(arr, (t, j), (TM, TN), padding_mode=ZERO,
+                       latency=LAT if LAT > 0 else None, allow_tma=_hint(TMA))
+    return ct.astype(tile, ct.float32)
+
+
+def _write(arr, t, j, tile, TM: int, TN: int, GATHER: bool, LAT: int, TMA: int):
+    tile = ct.astype(tile, arr.dtype)
+    if GATHER:
+        rows = ct.reshape(t * TM + ct.arange(TM, dtype=ct.int32), (TM, 1))
+        cols = ct.reshape(j * TN + ct.arange(TN, dtype=ct.int32), (1, TN))
+        ct.scatter(arr, (rows, cols), tile, latency=LAT if LAT > 0 else None)
+    else:
+        ct.store(arr, (t, j), tile, latency=LAT if LAT > 0 else None, allow_tma=_hint(TMA))
+
+
+def _weight(w, j, TN: int):
+    return ct.reshape(ct.astype(ct.load(w, (j,), (TN,), padding_mode=ZERO), ct.float32), (1, TN))
+
+
+def _scale(ss, n, FAST: bool):
+    """1 / sqrt(ss / n + eps) per row."""
+    if FAST:
+        return ct.rsqrt(ss / n + EPS, flush_to_zero=True)
+    return 1.0 / ct.sqrt(ss / n + EPS)
+
+
+def rmsnorm_kernel(x, w, y, TM: ct.Constant[int], TN: ct.Constant[int],
+                   ONE_TILE: ct.Constant[bool], GATHER: ct.Constant[bool],
+                   LAT: ct.Constant[int], LTMA: ct.Constant[int], SLAT: ct.Constant[int],
+                   STMA: ct.Constant[int], FAST: ct.Constant[bool], PERSIST: ct.Constant[bool]):
+    """One block per TM rows (grid-stride when PERSIST); ONE_TILE when TN covers the row."""
+    n = x.shape[1]
+    total = ct.cdiv(x.shape[0], TM)
+    step = ct.num_blocks(0) if PERSIST else total
+    for t in range(ct.bid(0), total, step):
+        if ONE_TILE:
+            v = _read(x, t, 0, TM, TN, GATHER, LAT, LTMA)
+            r = _scale(ct.sum(v * v, axis=1, keepdims=True), n, FAST)
+            _write(y, t, 0, v * r * _weight(w, 0, TN), TM, TN, GATHER, SLAT, STMA)
+        else:
+            tiles = ct.cdiv(n, TN)
+            acc = ct.full((TM, TN), 0.0, dtype=ct.float32)
+            for j in range(tiles):
+                v = _read(x, t, j, TM, TN, GATHER, LAT, LTMA)
+                acc = acc + v * v
+            r = _scale(ct.sum(acc, axis=1, keepdims=True), n, FAST)
+            for j in range(tiles):
+                v = _read(x, t, j, TM, TN, GATHER, LAT, LTMA)
+                _write(y, t, j, v * r * _weight(w, j, TN), TM, TN, GATHER, SLAT, STMA)
+
+
+@functools.cache
+def kernel_object(occupancy: int | None):
+    """One kernel object per set of hints; never rebuilt on the launch path."""
+    return ct.kernel(rmsnorm_kernel, **({"occupancy": occupancy} if occupancy else {}))
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def _constants(knobs: dict, n: int) -> tuple:
+    rows, cols = knobs["tile"]
+    whole = _pow2(n)
+    tn = whole if not cols or cols >= whole else cols
+    tma = {None: -1, False: 0, True: 1}
+    gather = {"load_store": False, "gather_scatter": True}[knobs["memory_path"]]
+    return (rows, tn, tn >= n, gather, knobs["latency"] or 0, tma[knobs["load_allow_tma"]],
+            knobs["store_latency"] or 0, tma[knobs["store_allow_tma"]], bool(knobs["fast_math"]),
+            bool(knobs["persistent"]))
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def grid(knobs: dict, m: int, device) -> tuple[int]:
+    blocks = -(-m // knobs["tile"][0])
+    if not knobs["persistent"]:
+        return (blocks,)
+    return (min(blocks, _sm_count(device.index or 0) * (knobs["occupancy"] or PERSISTENT_OCCUPANCY)),)
+
+
+def build(knobs: dict):
+    """launch((x, w), y) for these knob values; y has x's shape and dtype."""
+    kern = kernel_object(knobs["occupancy"])
+
+    def launch(inputs, out):
+        x, w = inputs
+        x2 = x.reshape(-1, x.shape[-1])
+        y2 = out.view(-1, out.shape[-1])
+        ct.launch(torch.cuda.current_stream(), grid(knobs, x2.shape[0], x.device), kern,
+                  (x2, w, y2, *_constants(knobs, x2.shape[1])))
+        return out
+
+    return launch
+
+
+def rmsnorm(x: torch.Tensor, w: torch.Tensor, knobs: dict | None = None) -> torch.Tensor:
+    """RMSNorm of x over its last dimension, scaled by w, with the committed knob values."""
+    if w.shape != (x.shape[-1],) or w.dtype != x.dtype:
+        raise ValueError("w must have shape (x.shape[-1],) and x's dtype")
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    _launcher(_frozen(knobs if knobs is not None else json.loads(KNOBS.read_text())))(
+        (x, w.contiguous()), out)
+    return out
+
+
+def _frozen(knobs: dict) -> tuple:
+    return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in knobs.items()))
+
+
+@functools.cache
+def _launcher(frozen: tuple):
+    return build(dict(frozen))
+
+
+# ---- the plug-in contract ------------------------------------------------------------------
+def make_inputs(shape, seed: int, device):
+    """x ~ N(0, 1) with rows of different scales, w ~ 1 + N(0, 0.1)."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    dtype = DTYPES[shape.dtype]
+    x = torch.randn(shape.dims, generator=g, dtype=torch.float32, device=device)
+    x *= torch.rand((*shape.dims[:-1], 1), generator=g, device=device) * 4 + 0.25
+    w = 1 + 0.1 * torch.randn(shape.dims[-1], generator=g, dtype=torch.float32, device=device)
+    return x.to(dtype), w.to(dtype)
+
+
+def empty_output(inputs):
+    return torch.empty_like(inputs[0])
+
+
+def reference(x, w):
+    """PyTorch eager in the inputs' dtype (float32 inside): the competitor in `perfloop bench`."""
+    xf = x.float() if x.dtype != torch.float64 else x
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS)
+    return (y * w.to(y.dtype)).to(x.dtype)
+
+
+def traffic(shape) -> tuple[int, int]:
+    """Bytes that must move (read x and w, write y) and FLOPs (square, add, scale, weight)."""
+    numel = 1
+    for d in shape.dims:
+        numel *= d
+    size = DTYPES[shape.dtype].itemsize
+    return (2 * numel + shape.dims[-1]) * size, 4 * numel
+
+
+def compile_ahead(knobs: dict, shapes, arch: str) -> None:
+    """Compile this variant for every (dtype, n) of `shapes` with tileiras, no GPU needed."""
+    from cuda.tile.compilation import (ArrayConstraint, CallingConvention, KernelSignature,
+                                       export_kernel)
+
+    def array(dtype, ndim):
+        return ArrayConstraint(getattr(ct, dtype), ndim, index_dtype=ct.int32,
+                               stride_lower_bound_incl=0, alias_groups=(),
+                               may_alias_internally=False,
+                               stride_constant=(None, 1) if ndim == 2 else (1,),
+                               base_addr_divisible_by=16)
+
+    for dtype, n in sorted({(s.dtype, s.dims[-1]) for s in shapes}):
+        args = [array(dtype, 2), array(dtype, 1), array(dtype, 2), *_constants(knobs, n)]
+        signature = KernelSignature(args, CallingConvention.cutile_python_v1())
+        export_kernel(kernel_object(knobs["occupancy"]),
+                      [signature.with_mangled_symbol(rmsnorm_kernel.__name__)], io.BytesIO(),
+                      gpu_code=arch, output_format="cubin")

@@ -1,0 +1,215 @@
+"""cuTile row softmax over the last dimension, for bf16, fp16 and fp32 x of shape (..., n);
+float32 arithmetic inside. Masked entries (-inf) get probability 0.
+
+Every knob in knobs.json is a compile-time constant or a kernel hint:
+  memory_path      "load_store": tiles through ct.load/ct.store (TMA where allowed);
+                   "gather_scatter": the same tiles through ct.gather/ct.scatter
+  tile             [rows, cols]: rows per block, and columns per tile along n (0: the whole
+                   row, padded to a power of two, in one tile). With cols < n the block reads
+                   its rows twice: an online pass for the running max and sum, then a pass
+                   that writes exp(x - max) / sum
+  latency          latency hint on the loads of x (null: none)
+  load_allow_tma   allow_tma on the loads of x (null: the compiler's choice)
+  store_latency    latency hint on the store (null: none)
+  store_allow_tma  allow_tma on the store (null: the compiler's choice)
+  occupancy        hint, blocks per SM (null: the compiler's choice)
+  persistent       grid of SM count x occupancy blocks striding over the row blocks
+  fast_math        exp2 of pre-scaled inputs and approximate division, denormals flushed
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import json
+import math
+from pathlib import Path
+
+import cuda.tile as ct
+import torch
+
+NEG_INF = ct.PaddingMode.NEG_INF
+APPROX = ct.RoundingMode.APPROX
+LOG2E = 1.0 / math.log(2.0)
+PERSISTENT_OCCUPANCY = 4  # blocks per SM of a persistent grid when occupancy is unset
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+KNOBS = Path(__file__).resolve().parent / "knobs.json"
+
+
+def _hint(value: int):
+    """-1/0/1 constants for null/false/true hints."""
+    return None if value < 0 else value == 1
+
+
+def _read(arr, t, j, TM: int, TN: int, GATHER: bool, LAT: int, TMA: int):
+    """The (TM, TN) tile of rows t*TM.. and columns j*TN.. as float32, -inf outside."""
+    if GATHER:
+        rows = ct.reshape(t * TM + ct.arange(TM, dtype=ct.int32), (TM, 1))
+        cols = ct.reshape(j * TN + ct.arange(TN, dtype=ct.int32), (1, TN))
+        tile = ct.gather(arr, (rows, cols), padding_value=-math.inf,
+                         latency=LAT if LAT > 0 else None)
+    else:
+        tile = ct.load(arr, (t, j), (TM, TN), padding_mode=NEG_INF,
+                       latency=LAT if LAT > 0 else None, allow_tma=_hint(TMA))
+    return ct.astype(tile, ct.float32)
+
+
+def _write(arr, t, j, tile, TM: int, TN: int, GATHER: bool, LAT: int, TMA: int):
+    tile = ct.astype(tile, arr.dtype)
+    if GATHER:
+        rows = ct.reshape(t * TM + ct.arange(TM, dtype=ct.int32), (TM, 1))
+        cols = ct.reshape(j * TN + ct.arange(TN, dtype=ct.int32), (1, TN))
+        ct.scatter(arr, (rows, cols), tile, latency=LAT if LAT > 0 else None)
+    else:
+        ct.store(arr, (t, j), tile, latency=LAT if LAT > 0 else None, allow_tma=_hint(TMA))
+
+
+def _exp(x, FAST: bool):
+    if FAST:
+        return ct.exp2(x * LOG2E, flush_to_zero=True)
+    return ct.exp(x)
+
+
+def _div(x, y, FAST: bool):
+    if FAST:
+        return ct.truediv(x, y, rounding_mode=APPROX, flush_to_zero=True)
+    return x / y
+
+
+def _finite(m):
+    """The row max to subtract: 0 where the whole row (so far) is -inf, so -inf - m is -inf
+    and exp gives 0 instead of NaN."""
+    return ct.where(m == -math.inf, 0.0, m)
+
+
+def softmax_kernel(x, y, TM: ct.Constant[int], TN: ct.Constant[int],
+                   ONE_TILE: ct.Constant[bool], GATHER: ct.Constant[bool],
+                   LAT: ct.Constant[int], LTMA: ct.Constant[int], SLAT: ct.Constant[int],
+                   STMA: ct.Constant[int], FAST: ct.Constant[bool], PERSIST: ct.Constant[bool]):
+    """One block per TM rows (grid-stride when PERSIST); ONE_TILE when TN covers the row."""
+    total = ct.cdiv(x.shape[0], TM)
+    step = ct.num_blocks(0) if PERSIST else total
+    for t in range(ct.bid(0), total, step):
+        if ONE_TILE:
+            v = _read(x, t, 0, TM, TN, GATHER, LAT, LTMA)
+            e = _exp(v - _finite(ct.max(v, axis=1, keepdims=True)), FAST)
+            _write(y, t, 0, _div(e, ct.sum(e, axis=1, keepdims=True), FAST), TM, TN, GATHER,
+                   SLAT, STMA)
+        else:
+            tiles = ct.cdiv(x.shape[1], TN)
+            m = ct.full((TM, 1), -math.inf, dtype=ct.float32)
+            s = ct.full((TM, 1), 0.0, dtype=ct.float32)
+            for j in range(tiles):  # online: rescale the running sum when the max grows
+                v = _read(x, t, j, TM, TN, GATHER, LAT, LTMA)
+                new = _finite(ct.maximum(m, ct.max(v, axis=1, keepdims=True)))
+                s = s * _exp(m - new, FAST) + ct.sum(_exp(v - new, FAST), axis=1, keepdims=True)
+                m = new
+            for j in range(tiles):
+                v = _read(x, t, j, TM, TN, GATHER, LAT, LTMA)
+                _write(y, t, j, _div(_exp(v - m, FAST), s, FAST), TM, TN, GATHER, SLAT, STMA)
+
+
+@functools.cache
+def kernel_object(occupancy: int | None):
+    """One kernel object per set of hints; never rebuilt on the launch path."""
+    return ct.kernel(softmax_kernel, **({"occupancy": occupancy} if occupancy else {}))
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def _constants(knobs: dict, n: int) -> tuple:
+    rows, cols = knobs["tile"]
+    whole = _pow2(n)
+    tn = whole if not cols or cols >= whole else cols
+    tma = {None: -1, False: 0, True: 1}
+    gather = {"load_store": False, "gather_scatter": True}[knobs["memory_path"]]
+    return (rows, tn, tn >= n, gather, knobs["latency"] or 0, tma[knobs["load_allow_tma"]],
+            knobs["store_latency"] or 0, tma[knobs["store_allow_tma"]], bool(knobs["fast_math"]),
+            bool(knobs["persistent"]))
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def grid(knobs: dict, m: int, device) -> tuple[int]:
+    blocks = -(-m // knobs["tile"][0])
+    if not knobs["persistent"]:
+        return (blocks,)
+    return (min(blocks, _sm_count(device.index or 0) * (knobs["occupancy"] or PERSISTENT_OCCUPANCY)),)
+
+
+def build(knobs: dict):
+    """launch((x,), y) for these knob values; y has x's shape and dtype."""
+    kern = kernel_object(knobs["occupancy"])
+
+    def launch(inputs, out):
+        x2 = inputs[0].reshape(-1, inputs[0].shape[-1])
+        y2 = out.view(-1, out.shape[-1])
+        ct.launch(torch.cuda.current_stream(), grid(knobs, x2.shape[0], x2.device), kern,
+                  (x2, y2, *_constants(knobs, x2.shape[1])))
+        return out
+
+    return launch
+
+
+def softmax(x: torch.Tensor, knobs: dict | None = None) -> torch.Tensor:
+    """softmax(x, dim=-1) with the committed knob values (or the given ones)."""
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    _launcher(_frozen(knobs if knobs is not None else json.loads(KNOBS.read_text())))((x,), out)
+    return out
+
+
+def _frozen(knobs: dict) -> tuple:
+    return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in knobs.items()))
+
+
+@functools.cache
+def _launcher(frozen: tuple):
+    return build(dict(frozen))
+
+
+# ---- the plug-in contract ------------------------------------------------------------------
+def make_inputs(shape, seed: int, device):
+    """Logits ~ N(0, 4^2): peaked rows, so a wrong max or sum shows."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(shape.dims, generator=g, dtype=torch.float32, device=device) * 4
+    return (x.to(DTYPES[shape.dtype]),)
+
+
+def empty_output(inputs):
+    return torch.empty_like(inputs[0])
+
+
+def reference(x):
+    """PyTorch eager in the input's dtype: the competitor in `perfloop bench`."""
+    return torch.softmax(x, dim=-1)
+
+
+def traffic(shape) -> tuple[int, int]:
+    """Bytes that must move (read x, write y) and FLOPs (max, subtract, exp, sum, divide)."""
+    numel = 1
+    for d in shape.dims:
+        numel *= d
+    return 2 * numel * DTYPES[shape.dtype].itemsize, 5 * numel
+
+
+def compile_ahead(knobs: dict, shapes, arch: str) -> None:
+    """Compile this variant for every (dtype, n) of `shapes` with tileiras, no GPU needed."""
+    from cuda.tile.compilation import (ArrayConstraint, CallingConvention, KernelSignature,
+                                       export_kernel)
+
+    for dtype, n in sorted({(s.dtype, s.dims[-1]) for s in shapes}):
+        array = ArrayConstraint(getattr(ct, dtype), 2, index_dtype=ct.int32,
+                                stride_lower_bound_incl=0, alias_groups=(),
+                                may_alias_internally=False, stride_constant=(None, 1),
+                                base_addr_divisible_by=16)
+        signature = KernelSignature([array, array, *_constants(knobs, n)],
+                                    CallingConvention.cutile_python_v1())
+        export_kernel(kernel_object(knobs["occupancy"]),
+                      [signature.with_mangled_symbol(softmax_kernel.__name__)], io.BytesIO(),
+                      gpu_code=arch, output_format="cubin")
