@@ -24,8 +24,9 @@ CASES = [("bfloat16", (257, 1000)), ("float16", (3, 5, 777)), ("float32", (64, 4
 SEEDS = (0, 1)
 TOLERANCE = {dtype: tolerance(FOLDER, dtype) for dtype in ("bfloat16", "float16", "float32")}
 COMBOS = {
-    "all-gather": {"memory_path": "gather_scatter", "tile": [4, 1024], "persistent": True,
-                   "occupancy": 2, "latency": 4, "store_latency": 2, "fast_math": True},
+    "all-gather": {"memory_path": "gather_scatter", "tile": [4, 1024],
+                   "block_elems": 16384, "persistent": True, "occupancy": 2, "latency": 4,
+                   "store_latency": 2, "fast_math": True},
     "all-hints": {"tile": [1, 2048], "persistent": True, "load_allow_tma": False,
                   "store_allow_tma": False, "latency": 8, "store_latency": 8, "fast_math": True},
 }

@@ -8,6 +8,8 @@ Every knob in knobs.json is a compile-time constant or a kernel hint:
                    row, padded to a power of two, in one tile). With cols < n the block reads
                    its rows twice: an online pass for the running max and sum, then a pass
                    that writes exp(x - max) / sum
+  block_elems      when set, rows per block = block_elems / columns per tile (at least 1),
+                   replacing tile's rows: the same value then fits narrow and wide rows
   latency          latency hint on the loads of x (null: none)
   load_allow_tma   allow_tma on the loads of x (null: the compiler's choice)
   store_latency    latency hint on the store (null: none)
@@ -119,10 +121,18 @@ def _pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
-def _constants(knobs: dict, n: int) -> tuple:
+def _geometry(knobs: dict, n: int) -> tuple[int, int]:
+    """(rows per block, columns per tile) for rows of n elements."""
     rows, cols = knobs["tile"]
     whole = _pow2(n)
     tn = whole if not cols or cols >= whole else cols
+    if knobs["block_elems"]:
+        rows = max(1, knobs["block_elems"] // tn)
+    return rows, tn
+
+
+def _constants(knobs: dict, n: int) -> tuple:
+    rows, tn = _geometry(knobs, n)
     tma = {None: -1, False: 0, True: 1}
     gather = {"load_store": False, "gather_scatter": True}[knobs["memory_path"]]
     return (rows, tn, tn >= n, gather, knobs["latency"] or 0, tma[knobs["load_allow_tma"]],
@@ -135,8 +145,8 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def grid(knobs: dict, m: int, device) -> tuple[int]:
-    blocks = -(-m // knobs["tile"][0])
+def grid(knobs: dict, m: int, n: int, device) -> tuple[int]:
+    blocks = -(-m // _geometry(knobs, n)[0])
     if not knobs["persistent"]:
         return (blocks,)
     return (min(blocks, _sm_count(device.index or 0) * (knobs["occupancy"] or PERSISTENT_OCCUPANCY)),)
@@ -149,7 +159,7 @@ def build(knobs: dict):
     def launch(inputs, out):
         x2 = inputs[0].reshape(-1, inputs[0].shape[-1])
         y2 = out.view(-1, out.shape[-1])
-        ct.launch(torch.cuda.current_stream(), grid(knobs, x2.shape[0], x2.device), kern,
+        ct.launch(torch.cuda.current_stream(), grid(knobs, *x2.shape, x2.device), kern,
                   (x2, y2, *_constants(knobs, x2.shape[1])))
         return out
 
