@@ -169,10 +169,13 @@ class Worker:
                 if v.get("torch"):
                     launch[label] = self._torch_launcher(v["torch"])
                 else:
-                    folder = v["folder"]
-                    if folder not in modules:
-                        modules[folder] = import_module(Path(folder), f"variant{len(modules)}")
-                    launch[label] = modules[folder].build({k: freeze(x) for k, x in v["knobs"].items()})
+                    # the A/A control gets its own import (and so its own kernel objects and
+                    # compiled code), as a candidate with the incumbent's code would: what a
+                    # separate build alone changes is then part of the noise, not a gain
+                    key = (v["folder"], label == CONTROL)
+                    if key not in modules:
+                        modules[key] = import_module(Path(v["folder"]), f"variant{len(modules)}")
+                    launch[label] = modules[key].build({k: freeze(x) for k, x in v["knobs"].items()})
             except Exception as exc:
                 self._fail(label, f"could not be built: {_one_line(exc)}", "crash")
             self._check_tamper(label)

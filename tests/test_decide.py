@@ -157,3 +157,25 @@ def test_selection_carries_the_fastest_candidate_that_loses_nowhere():
     # when every candidate loses somewhere, the fastest at the headline goes to the decision
     assert _fastest(first, ["fast-but-breaks-guard", "slow"], "head", 0.01) == \
         "fast-but-breaks-guard"
+
+
+def test_the_control_runs_its_own_import_of_the_incumbent(tmp_path):
+    """A separately imported and compiled copy of the same code is what a no-op candidate is:
+    the A/A control must be one too, or build-to-build differences count as gains."""
+    from types import SimpleNamespace
+
+    from perfloop.worker import CONTROL, INCUMBENT, Worker
+
+    (tmp_path / "kernel.py").write_text(
+        "def build(knobs):\n"
+        "    def launch(inputs, out):\n"
+        "        return None\n"
+        "    launch.module = __name__\n"
+        "    return launch\n")
+    fake = SimpleNamespace(progress=lambda *a, **k: None, _check_tamper=lambda label: None,
+                           _fail=lambda *a: None)
+    variants = [{"label": label, "folder": str(tmp_path), "knobs": {}}
+                for label in (INCUMBENT, CONTROL, "candidate-0")]
+    launch = Worker._build_all(fake, variants)
+    assert launch[INCUMBENT].module != launch[CONTROL].module
+    assert launch["candidate-0"].module == launch[INCUMBENT].module  # same folder, same import
