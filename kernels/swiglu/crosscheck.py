@@ -1,5 +1,6 @@
 """Cross-check `perfloop bench` with an independent timer, triton.testing.do_bench, on the same
-GPU: `python kernels/swiglu/crosscheck.py sandbox/swiglu/bench.json`.
+GPU: `python kernels/swiglu/crosscheck.py sandbox/swiglu/bench.json` (for another kernel, name
+its folder: `... sandbox/rmsnorm/bench.json kernels/rmsnorm`).
 
 For each shape, the cuTile kernel (with the knobs bench used) and torch.compile (compiled for
 that shape, dynamic=False) are timed by do_bench twice: as shipped, whose L2 clear writes
@@ -36,10 +37,10 @@ def _median_us(fn, read_only_clear: bool) -> float:
         driver.clear_cache = shipped
 
 
-def main(bench_json: str) -> None:
+def main(bench_json: str, folder: Path = HERE) -> None:
     bench = json.loads(Path(bench_json).read_text())
-    spec = load_spec(HERE, HERE.parent.parent)
-    module = import_module(HERE, "crosscheck")
+    spec = load_spec(folder, folder.parent.parent)
+    module = import_module(folder, "crosscheck")
     launch = module.build({k: freeze(v) for k, v in bench["knobs"].items()})
     ours = {(r["shape"], r["variant"]): r["median_ms"] * 1000 for r in bench["rows"]}
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
@@ -51,8 +52,8 @@ def main(bench_json: str) -> None:
         out = module.empty_output(inputs)
         torch._dynamo.reset()
         compiled = torch.compile(module.reference, dynamic=False)
-        for variant, fn in (("cutile", lambda: launch(inputs, out)),
-                            ("torch-compile", lambda: compiled(*inputs))):
+        for variant, fn in (("cutile", lambda i=inputs, o=out: launch(i, o)),
+                            ("torch-compile", lambda i=inputs: compiled(*i))):
             fn()
             torch.cuda.synchronize()
             zero, read = _median_us(fn, False), _median_us(fn, True)
@@ -63,4 +64,4 @@ def main(bench_json: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], *(Path(a).resolve() for a in sys.argv[2:3]))
