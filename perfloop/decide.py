@@ -36,9 +36,10 @@ class Verdict:
     improved: bool = False  # counts as an improvement for the no-improvement streak
 
 
-def _real_gain(c: Comparison) -> bool:
-    """A gain whose interval excludes zero and which exceeds the incumbent's own noise."""
-    return c.ci_high < 1.0 and c.gain > c.noise
+def _real_gain(c: Comparison, min_gain: float = 0.0) -> bool:
+    """A gain whose interval excludes zero and which exceeds the incumbent's own noise and the
+    smallest gain the rules count."""
+    return c.ci_high < 1.0 and c.gain > max(c.noise, min_gain)
 
 
 def _regression(c: Comparison, tolerance: float) -> bool:
@@ -60,11 +61,12 @@ def decide(outcome: Outcome, rules: DecisionRules) -> Verdict:
         worst = max(outcome.comparisons[s].ratio for s in slower)
         return Verdict(REVERT, "PASS", f"regression on {', '.join(slower)} "
                        f"(up to {100 * (worst - 1):.1f}% slower)", gain=head.gain)
-    if not _real_gain(head):
+    if not _real_gain(head, rules.min_gain):
         return Verdict(REVERT, "PASS", f"no improvement that the measurement can tell from "
                        f"noise ({100 * head.gain:+.2f}%, 95% CI of ratio "
                        f"[{head.ci_low:.4f}, {head.ci_high:.4f}], noise "
-                       f"{100 * head.noise:.2f}%)", gain=head.gain)
+                       f"{100 * head.noise:.2f}%, smallest gain counted "
+                       f"{100 * rules.min_gain:.2f}%)", gain=head.gain)
     pct = f"{100 * head.gain:.2f}% faster"
     if head.gain >= rules.keep_gain:
         return Verdict(KEEP, "PASS", f"{pct}: new incumbent", head.gain, improved=True)

@@ -45,6 +45,7 @@ class Decision:
     regression_tolerance: float
     family_penalty: int
     floor_tolerance: float
+    min_gain: float = 0.0     # smallest gain that counts; absent from rules pinned before it
 
 
 @dataclass(frozen=True)
