@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from perfloop.playbook import Decision as DecisionRules
 from perfloop.playbook import Optimization, Stop
-from perfloop.stats import Comparison
+from perfloop.stats import Comparison, compare
 
 KEEP, REVERT, CRASH = "keep", "revert", "crash"
 
@@ -21,8 +21,9 @@ class Outcome:
     crashed: bool = False
     correct: bool | None = None          # None when the judge never ran
     comparisons: dict[str, Comparison] = field(default_factory=dict)
-    headline: str = ""
+    headline: str = ""                    # the shape whose gain decides
     below_floor: tuple[str, ...] = ()     # shapes measured faster than physically possible
+    ungeneralized: tuple[str, ...] = ()   # dispatch: changed buckets no held-back shape checked
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,12 @@ def decide(outcome: Outcome, rules: DecisionRules) -> Verdict:
     if outcome.below_floor:
         return Verdict(REVERT, "PASS", "faster than the physical floor on "
                        f"{', '.join(outcome.below_floor)}: a broken measurement, not kept")
+    if outcome.ungeneralized:
+        return Verdict(REVERT, "PASS", "no held-back shape was timed in bucket "
+                       f"{', '.join(outcome.ungeneralized)}: the choice there may fit only "
+                       "the benchmark's shape")
+    if outcome.headline not in outcome.comparisons:
+        return Verdict(REVERT, "PASS", "the change reaches none of the benchmark's shapes")
     slower = [name for name, c in outcome.comparisons.items()
               if _regression(c, rules.regression_tolerance)]
     head = outcome.comparisons[outcome.headline]
@@ -77,23 +84,36 @@ def decide(outcome: Outcome, rules: DecisionRules) -> Verdict:
                    head.gain, stop=True, improved=True)
 
 
-def stop_reason(iteration: int, verdicts: list[Verdict], rules: Stop,
-                remaining: int) -> str | None:
-    """Why the loop stops after `iteration` (None: go on). `verdicts` excludes the baseline."""
-    if verdicts and verdicts[-1].stop:
-        return verdicts[-1].reason
+def stop_reason(iteration: int, verdicts: list[Verdict], rules: Stop, remaining: int,
+                searched: list[bool] | None = None, searches: int = 0,
+                floor_shares: dict[str, float] | None = None) -> str | None:
+    """Why the loop stops after `iteration` (None: go on). `verdicts` excludes the baseline;
+    `searched` flags the verdicts of search experiments (dispatch, joint), which close a run:
+    while `searches` of them are on offer, only the iteration limit and the roofline stop it.
+    `floor_shares`: the incumbent's share of the physical floor per shape."""
+    if iteration >= rules.max_iterations:
+        return f"reached the iteration limit ({rules.max_iterations})"
+    share = rules.roofline_share
+    if share and floor_shares and min(floor_shares.values()) >= share:
+        worst = min(floor_shares, key=floor_shares.get)
+        return (f"at the roofline: every shape runs at {100 * share:g}% of its physical floor "
+                f"or more (least: {worst} at {100 * floor_shares[worst]:.1f}%); nothing "
+                "measurable is left")
+    searched = searched or [False] * len(verdicts)
+    reason = None
+    stops = [i for i, v in enumerate(verdicts) if v.stop]
+    if stops and all(searched[stops[-1] + 1:]):
+        reason = verdicts[stops[-1]].reason
     streak = 0
     for verdict in reversed(verdicts):
         if verdict.improved:
             break
         streak += 1
-    if streak >= rules.no_improvement_streak:
-        return f"no improvement in {streak} consecutive iterations"
-    if iteration >= rules.max_iterations:
-        return f"reached the iteration limit ({rules.max_iterations})"
-    if remaining == 0:
-        return "nothing left to try"
-    return None
+    if reason is None and streak >= rules.no_improvement_streak:
+        reason = f"no improvement in {streak} consecutive iterations"
+    if reason is None and remaining == 0:
+        reason = "nothing left to try"
+    return None if reason and searches else reason
 
 
 @dataclass(frozen=True)
@@ -102,6 +122,7 @@ class Suggestion:
     candidates: tuple
     rank: int
     reason: str
+    describe: str = ""   # what the experiment's row will say (search experiments)
 
 
 def candidates_for(opt: Optimization, knobs: dict, overrides: dict) -> tuple:
@@ -144,3 +165,49 @@ def classify(bytes_moved: float, flops: float) -> tuple[str, float]:
     if intensity <= 50:
         return "balanced", intensity
     return "compute-bound", intensity
+
+
+# ---- per-shape dispatch ------------------------------------------------------------------------
+def bucket_winners(first_pass: dict, values: dict, in_force: str,
+                   rules: DecisionRules) -> dict[str, tuple[str, float]]:
+    """{bucket: (label, worst gain)} for buckets where a measured value beats the one in force
+    (label `in_force`) with a real gain at every benchmark shape of the bucket. `first_pass` is a
+    summarized timing pass in which every label of `values` ({label: knob value}) was timed."""
+    buckets: dict[str, list[str]] = {}
+    for name, shape in first_pass.items():
+        if shape.get("bucket") is not None and not shape.get("held_back"):
+            buckets.setdefault(shape["bucket"], []).append(name)
+    out = {}
+    for bucket, names in sorted(buckets.items()):
+        best = None
+        for label in values:
+            if label == in_force or any(label not in first_pass[n]["variants"] for n in names):
+                continue
+            gains = []
+            for name in names:
+                shape = first_pass[name]
+                c = compare(shape["variants"][in_force]["round_medians_ms"],
+                            shape["variants"][label]["round_medians_ms"], noise=shape["noise"])
+                gains.append(c.gain if _real_gain(c, rules.min_gain) else None)
+            if None not in gains and (best is None or min(gains) > best[1]):
+                best = (label, min(gains))
+        if best is not None:
+            out[bucket] = best
+    return out
+
+
+def dispatch_focus(summary: dict, changed: list[str], headline: str, label: str) -> str | None:
+    """The shape whose gain decides a dispatch: the headline when its bucket changed, else the
+    benchmark shape of a changed bucket that gained most."""
+    hit = [n for n, sh in summary.items() if sh.get("bucket") in changed and not sh.get("held_back")]
+    if headline in hit:
+        return headline
+    if not hit:
+        return None
+    return min(hit, key=lambda n: summary[n]["vs_incumbent"][label]["ratio"])
+
+
+def ungeneralized(summary: dict, changed: list[str]) -> tuple[str, ...]:
+    """Changed buckets in which no held-back shape was timed."""
+    held = {sh.get("bucket") for sh in summary.values() if sh.get("held_back")}
+    return tuple(b for b in changed if b not in held)

@@ -17,7 +17,7 @@ import hashlib
 import time
 from dataclasses import asdict, dataclass
 
-from perfloop import audit, decide, gitops, phases, records, table
+from perfloop import audit, decide, dispatch, gitops, phases, records, search, table
 from perfloop.errors import UserError
 from perfloop.faults import crashpoint
 from perfloop.kernel import KNOBS, knobs_text
@@ -27,7 +27,7 @@ from perfloop.stats import Comparison
 from perfloop.worker import CONTROL, INCUMBENT
 
 BASELINE, PLAYBOOK, AGENT = "baseline", "playbook", "agent"
-OK, FAIL, CRASH = "ok", "fail", "crash"
+OK, FAIL, CRASH, SLOW = "ok", "fail", "crash", "slow"   # SLOW: dropped at a cliff
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,23 @@ def _row_name(record: dict) -> str:
         return "baseline"
     if record["kind"] == AGENT:
         return record["describe"]
-    return f"{record['optimization']}: {record['knob']}={_show(record['value'])}"
+    if record["optimization"] == search.DISPATCH:
+        return f"dispatch: {record['describe']}"
+    return f"{record['optimization']}: {_setting(record['knob'], record['value'])}"
+
+
+def _setting(knob: str, value) -> str:
+    """knob=value, or for a patch of several knobs (joint search) each of them."""
+    if knob == search.MULTI:
+        return search.show_patch(value)
+    return f"{knob}={_show(value)}"
+
+
+def _patch(opt: Optimization, value) -> dict:
+    """The knobs one candidate value of `opt` sets."""
+    if opt.knob == search.MULTI:
+        return {k: freeze(v) for k, v in value.items()}
+    return {opt.knob: value}
 
 
 def _show(value) -> str:
@@ -75,9 +91,9 @@ def _variants(s: Session, proposal: Proposal, incumbent_dir, incumbent_knobs) ->
     if proposal.kind == AGENT:
         return [incumbent, {"label": label_for(0), "folder": s.spec.folder,
                             "knobs": s.spec.read_knobs()}]
-    knob = proposal.optimization.knob
+    opt = proposal.optimization
     return [incumbent] + [{"label": label_for(i), "folder": s.spec.folder,
-                           "knobs": {**incumbent_knobs, knob: v}}
+                           "knobs": {**incumbent_knobs, **_patch(opt, v)}}
                           for i, v in enumerate(proposal.values)]
 
 
@@ -91,12 +107,13 @@ def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _commit_message(s: Session, proposal: Proposal, iteration: int, chosen: dict | None) -> str:
+def _commit_message(s: Session, proposal: Proposal, iteration: int, value) -> str:
     if proposal.kind == AGENT:
         return f"perfloop: iteration {iteration}: agent edit: {proposal.describe}"
-    knob = proposal.optimization.knob
-    return (f"perfloop: iteration {iteration}: {proposal.optimization.id} "
-            f"({knob}={_show(thaw(chosen['knobs'][knob]))})")
+    opt = proposal.optimization
+    if opt.id == search.DISPATCH:
+        return f"perfloop: iteration {iteration}: dispatch: {proposal.describe}"
+    return f"perfloop: iteration {iteration}: {opt.id} ({_setting(opt.knob, thaw(value))})"
 
 
 def _commit(s: Session, message: str) -> str:
@@ -135,12 +152,13 @@ def run(s: Session, proposal: Proposal) -> dict:
     incumbent_knobs = s.spec.read_knobs(incumbent_dir)
     variants = _variants(s, proposal, incumbent_dir, incumbent_knobs)
     candidates = variants if proposal.kind == BASELINE else variants[1:]
+    shapes = s.spec.shapes + (s.spec.held_back if _is_dispatch(proposal) else ())
     env = phases.child_env(s.playbook_dir)
     allowed = [s.spec.folder, work]  # what children may import from inside the repository
     control = dict(variants[0], label=CONTROL)
     timer = phases.start_timing(  # it gets ready while the judge runs
         [variants[0], control] + (candidates if proposal.kind != BASELINE else []),
-        [sh.as_dict() for sh in s.spec.shapes], rules, contract=contract_dir,
+        [sh.as_dict() for sh in shapes], rules, contract=contract_dir,
         tolerance=s.spec.tolerance, headline=s.spec.headline.name,
         ceilings_cache=s.ceilings_cache, work=work, cwd=s.root, env=env,
         checked=[INCUMBENT] if proposal.kind == BASELINE else None)
@@ -185,7 +203,9 @@ def run(s: Session, proposal: Proposal) -> dict:
 
     summary = passes[-1] if passes and best is not None else None
     chosen = next((v for v in variants if v["label"] == best), candidates[0])
-    verdict = _verdict(s, proposal, outcome, timing, summary, best, bool(passing))
+    value = proposal.values[candidates.index(chosen)] if proposal.kind == PLAYBOOK else None
+    verdict = _verdict(s, proposal, outcome, timing, summary, best, bool(passing),
+                       incumbent_knobs)
 
     t = time.monotonic()
     if proposal.kind == BASELINE:
@@ -193,25 +213,25 @@ def run(s: Session, proposal: Proposal) -> dict:
     elif proposal.kind == AGENT:
         commit = state.in_flight["commit"]
     else:
-        knob = proposal.optimization.knob
-        text = knobs_text({**incumbent_knobs, knob: chosen["knobs"][knob]})
+        text = knobs_text(chosen["knobs"])
         state.in_flight["knobs_sha256"] = _sha256(text)
         s.save_state()
         (s.spec.folder / KNOBS).write_text(text, encoding="utf-8")
-        commit = _commit(s, _commit_message(s, proposal, iteration, chosen))
+        commit = _commit(s, _commit_message(s, proposal, iteration, value))
     phase_s["commit"] = phase_s.get("commit", 0) + phases.elapsed(t)
     crashpoint("commit", iteration)
 
     head_name = s.spec.headline.name
     latency = summary[head_name]["variants"][best]["median_ms"] if summary else None
     knob = proposal.optimization.knob if proposal.optimization else None
-    labels = {v["label"]: thaw(v["knobs"].get(knob)) for v in candidates} if knob else {}
+    labels = ({v["label"]: thaw(x) for v, x in zip(candidates, proposal.values)}
+              if proposal.kind == PLAYBOOK else {})
     record = {
         "schema": records.SCHEMA, "iteration": iteration, "kind": proposal.kind,
         "optimization": proposal.name, "describe": proposal.describe,
         "family": proposal.optimization.family if proposal.optimization else None,
-        "knob": knob, "value": thaw(chosen["knobs"].get(knob)) if knob else None,
-        "candidates": thaw(proposal.values),
+        "knob": knob, "value": thaw(value), "candidates": thaw(proposal.values),
+        "incumbent_value": thaw(incumbent_knobs.get(knob)) if knob in incumbent_knobs else None,
         "knobs": {k: thaw(x) for k, x in chosen["knobs"].items()},
         "commit": commit, "incumbent_before": state.incumbent, "branch": state.branch,
         "ref": s.ref_name(iteration),
@@ -254,12 +274,15 @@ def _judged(label: str, judged: phases.JudgeResult) -> tuple[str, str]:
     return OK, ""
 
 
+_KINDS = {"fail": FAIL, "slow": SLOW}
+
+
 def _apply_timing(outcome: dict, timing: phases.Timing, kind: str) -> None:
     for label, why in timing.excluded.items():
-        outcome[label] = (FAIL if why["kind"] == "fail" else CRASH, why["reason"])
+        outcome[label] = (_KINDS.get(why["kind"], CRASH), why["reason"])
     for label, why in (timing.raw.get("failed") or {}).items():
         if label in outcome:
-            outcome[label] = (FAIL if why["kind"] == "fail" else CRASH, why["reason"])
+            outcome[label] = (_KINDS.get(why["kind"], CRASH), why["reason"])
         elif label in (INCUMBENT, CONTROL) and kind != BASELINE:
             timing.crashed = timing.crashed or f"the incumbent, timed again: {why['reason']}"
     if kind == BASELINE and INCUMBENT in (timing.raw.get("failed") or {}):
@@ -267,10 +290,14 @@ def _apply_timing(outcome: dict, timing: phases.Timing, kind: str) -> None:
         outcome[INCUMBENT] = (FAIL if why["kind"] == "fail" else CRASH, why["reason"])
 
 
+def _is_dispatch(proposal: Proposal) -> bool:
+    return proposal.kind == PLAYBOOK and proposal.optimization.id == search.DISPATCH
+
+
 def _verdict(s: Session, proposal: Proposal, outcome: dict, timing, summary,
-             best, judged_ok: bool) -> decide.Verdict:
+             best, judged_ok: bool, incumbent_knobs: dict) -> decide.Verdict:
     if summary is not None:
-        return _weigh(s, proposal, summary, best)
+        return _weigh(s, proposal, summary, best, incumbent_knobs)
     if timing is not None and timing.crashed:
         return decide.Verdict(decide.CRASH, "PASS", timing.crashed)
     failed = [(label, why) for label, (kind, why) in outcome.items() if kind == FAIL]
@@ -280,16 +307,28 @@ def _verdict(s: Session, proposal: Proposal, outcome: dict, timing, summary,
             reason = failed[0][1]
         return decide.Verdict(decide.REVERT, "FAIL", f"{reason}: reverted at once"
                               if proposal.kind != BASELINE else reason)
+    slow = [why for kind, why in outcome.values() if kind == SLOW]
+    if slow and all(kind in (SLOW, CRASH) for kind, _ in outcome.values()):
+        return decide.Verdict(decide.REVERT, "PASS", f"every candidate fell off a cliff or "
+                              f"crashed ({slow[0]})" if len(outcome) > 1 else slow[0])
     # every candidate crashed: in the judge (correctness unknown: FAIL) or while timed (PASS)
     crashed = [why for kind, why in outcome.values() if kind == CRASH]
     return decide.Verdict(decide.CRASH, "PASS" if judged_ok else "FAIL",
                           crashed[0] if crashed else "nothing was timed")
 
 
-def _weigh(s: Session, proposal: Proposal, summary: dict, best: str) -> decide.Verdict:
-    """The playbook's verdict on the fastest candidate (its timings from the final pass)."""
+def _weigh(s: Session, proposal: Proposal, summary: dict, best: str,
+           incumbent_knobs: dict) -> decide.Verdict:
+    """The playbook's verdict on the fastest candidate (its timings from the final pass). A
+    dispatch is decided at the headline if its bucket changed, else where it gained most, and
+    only if a held-back shape was timed in every bucket it changes."""
     rules = s.playbook.rules.decision
     head = s.spec.headline.name
+    unchecked: tuple = ()
+    if _is_dispatch(proposal):
+        changed = dispatch.changed_buckets(dispatch.table(incumbent_knobs), proposal.values[0])
+        head = decide.dispatch_focus(summary, changed, head, best) or ""
+        unchecked = decide.ungeneralized(summary, changed)
     below = _below_floor(summary, best, rules.floor_tolerance)
     if proposal.kind == BASELINE:
         aa = summary[head]["vs_incumbent"][CONTROL]
@@ -301,7 +340,7 @@ def _weigh(s: Session, proposal: Proposal, summary: dict, best: str) -> decide.V
                               f"{100 * summary[head]['noise']:.2f}%) at the headline shape")
     comparisons = {name: Comparison(**shape["vs_incumbent"][best]) for name, shape in summary.items()}
     return decide.decide(decide.Outcome(correct=True, comparisons=comparisons, headline=head,
-                                        below_floor=below), rules)
+                                        below_floor=below, ungeneralized=unchecked), rules)
 
 
 def finish(s: Session, record: dict) -> None:
@@ -336,14 +375,37 @@ def verdicts(recs: list[dict]) -> list[decide.Verdict]:
     return [decide.Verdict(**r["decision"]) for r in recs if r["kind"] != BASELINE]
 
 
-def _stop_after(s: Session, record: dict) -> str | None:
-    if record["kind"] == BASELINE:
-        return None if record["status"] == decide.KEEP else (
-            f"the baseline did not pass ({record['decision']['reason']}); fix the kernel first")
-    from perfloop.suggest import suggestions
+def floor_shares(s: Session, recs: list[dict]) -> dict[str, float] | None:
+    """The incumbent's share of the physical floor per benchmark shape, from the experiment
+    that made it the incumbent (None where a shape has no floor, e.g. on the CPU)."""
+    made = next((r for r in reversed(recs) if r["status"] == decide.KEEP
+                 and r["commit"] == s.state.incumbent and r.get("timing")), None)
+    if made is None:
+        return None
+    label = made["timing"]["chosen"]
+    shares = {name: shape["variants"].get(label, {}).get("share_of_floor")
+              for name, shape in made["timing"]["shapes"].items() if not shape.get("held_back")}
+    return shares if shares and None not in shares.values() else None
 
-    return decide.stop_reason(record["iteration"], verdicts(s.records()),
-                              s.playbook.rules.stop, len(suggestions(s)))
+
+def stop_inputs(s: Session, recs: list[dict]) -> tuple:
+    """The iteration, verdicts and which of them were search experiments, for stop_reason."""
+    done = [r for r in recs if r["kind"] != BASELINE]
+    return ((recs[-1]["iteration"] if recs else 0), verdicts(recs),
+            [r["optimization"] in search.IDS for r in done])
+
+
+def _stop_after(s: Session, record: dict) -> str | None:
+    from perfloop.suggest import catalog, searches
+
+    if record["kind"] == BASELINE and record["status"] != decide.KEEP:
+        return f"the baseline did not pass ({record['decision']['reason']}); fix the kernel first"
+    recs = s.records()
+    iteration_, verdicts_, searched = stop_inputs(s, recs)
+    return decide.stop_reason(iteration_, verdicts_, s.playbook.rules.stop,
+                              len(catalog(s, recs)) if verdicts_ else 1, searched=searched,
+                              searches=len(searches(s, recs)),
+                              floor_shares=floor_shares(s, recs))
 
 
 def recover(s: Session) -> Proposal | None:
@@ -421,6 +483,8 @@ def _perfloops_commit(s: Session, flight: dict) -> str | None:
 
 def _proposal_from_flight(s: Session, flight: dict) -> Proposal:
     if flight["kind"] == PLAYBOOK:
-        return Proposal(PLAYBOOK, s.playbook.get(flight["optimization"]),
-                        tuple(freeze(v) for v in flight["values"]))
+        values = tuple(freeze(v) for v in flight["values"])
+        opt = (search.optimization(flight["optimization"], values)
+               if flight["optimization"] in search.IDS else s.playbook.get(flight["optimization"]))
+        return Proposal(PLAYBOOK, opt, values, describe=flight.get("describe", ""))
     return Proposal(flight["kind"], describe=flight.get("describe", ""))

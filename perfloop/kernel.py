@@ -3,13 +3,16 @@
 A kernel folder holds
   kernel.toml  name, the judge (a tracked pytest file outside the folder), benchmark shapes,
                tolerances per output dtype, optional per-knob candidates and tags (the
-               playbook's ranking for kinds of kernel); pinned for a run;
+               playbook's ranking for kinds of kernel), optional held-back shapes (timed
+               only to check a per-bucket dispatch; derived from the shapes if absent);
+               pinned for a run;
   knobs.json   the tunable values: the file the loop edits and commits;
   kernel.py    build(knobs) -> launch(inputs, out), which experiments change; and the
                benchmark, which a run takes from its base commit: make_inputs(shape, seed,
                device), empty_output(inputs), reference(*inputs), traffic(shape) -> (bytes,
                flops), optionally DEVICE and Clock (CPU-timed kernels); optionally
-               compile_ahead(knobs, shapes, arch) for `perfloop check`.
+               compile_ahead(knobs, shapes, arch) for `perfloop check`; optionally
+               bucket(inputs) -> str, the key of per-shape dispatch (perfloop.dispatch).
 README.md ("Writing a kernel") documents it for users.
 """
 
@@ -35,15 +38,25 @@ class Shape:
     dims: tuple[int, ...]
     dtype: str
     headline: bool = False
+    held_back: bool = False   # timed only to check that a per-bucket choice generalizes
 
     def as_dict(self) -> dict:
-        """name, dims (a list), dtype, headline: the fields a kernel's functions may read."""
+        """name, dims (a list), dtype, headline, held_back: the fields a kernel's functions
+        may read."""
         return {"name": self.name, "dims": list(self.dims), "dtype": self.dtype,
-                "headline": self.headline}
+                "headline": self.headline, "held_back": self.held_back}
 
     @classmethod
     def from_dict(cls, raw: dict) -> "Shape":
-        return cls(raw["name"], tuple(raw["dims"]), raw["dtype"], bool(raw.get("headline")))
+        return cls(raw["name"], tuple(raw["dims"]), raw["dtype"], bool(raw.get("headline")),
+                   bool(raw.get("held_back")))
+
+
+def derived_held_back(shape: Shape) -> Shape:
+    """A shape the loop never tunes on, in the same bucket as `shape` for kernels that bucket
+    by dtype and row width: half as many rows again, plus one (so no row tile divides it)."""
+    rows = shape.dims[0] + shape.dims[0] // 2 + 1
+    return Shape(f"held:{shape.name}", (rows, *shape.dims[1:]), shape.dtype, held_back=True)
 
 
 @dataclass(frozen=True)
@@ -58,6 +71,7 @@ class KernelSpec:
     judge_rel: str = ""                             # the judge, relative to the repository root
     manifest_text: str = ""
     tags: tuple = ()                                # e.g. ("reduction",): the playbook ranks by them
+    held_back: tuple = ()                           # shapes timed only in dispatch experiments
 
     @property
     def headline(self) -> Shape:
@@ -149,7 +163,7 @@ def load_spec(folder: Path, repo_root: Path, text: str | None = None) -> KernelS
         raise bad("name must be a non-empty string without '/'")
     if not isinstance(judge_rel, str):
         raise bad("judge must be a path string")
-    for s in shapes:
+    def check(s: Shape) -> None:
         if not isinstance(s.name, str) or not isinstance(s.dtype, str):
             raise bad(f"shape {s.name!r}: name and dtype must be strings")
         if not s.dims or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0
@@ -157,7 +171,20 @@ def load_spec(folder: Path, repo_root: Path, text: str | None = None) -> KernelS
             raise bad(f"shape {s.name}: dims must be a list of positive integers")
         if not isinstance(s.headline, bool):
             raise bad(f"shape {s.name}: headline must be true or false")
-    names = [s.name for s in shapes]
+
+    for s in shapes:
+        check(s)
+    held = manifest.get("held_back")
+    try:
+        held_back = (tuple(derived_held_back(s) for s in shapes) if held is None else
+                     tuple(Shape(s["name"], tuple(s["dims"]), s["dtype"], held_back=True)
+                           for s in held))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise bad(f"each [[held_back]] shape needs name, dims and dtype "
+                  f"({exc.__class__.__name__}: {exc})") from None
+    for s in held_back:
+        check(s)
+    names = [s.name for s in shapes + held_back]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise bad(f"shape names must be unique ({', '.join(duplicates)} is used twice)")
@@ -186,7 +213,7 @@ def load_spec(folder: Path, repo_root: Path, text: str | None = None) -> KernelS
                   "everything inside it")
     return KernelSpec(name, folder, judge, shapes,
                       {k: tuple(freeze(v) for v in vals) for k, vals in candidates.items()},
-                      requires_gpu, tolerance, judge_rel, text, tuple(tags))
+                      requires_gpu, tolerance, judge_rel, text, tuple(tags), held_back)
 
 
 def import_module(folder: Path, tag: str):

@@ -124,14 +124,17 @@ def pad_for(host_samples: list[float]) -> float:
     return max(20.0, 2.0 * statistics.median(host_samples) + 20.0)
 
 
-def warm_up(clock: Clock, fn, warmup_ms: float) -> float:
-    """Run until warmup_ms of kernel time has passed; return the typical time of one run."""
+def warm_up(clock: Clock, fn, warmup_ms: float, give_up_ms: float | None = None) -> float:
+    """Run until warmup_ms of kernel time has passed; return the typical time of one run.
+    Past give_up_ms per run (two runs agreeing), it returns at once: a cliff is plain to see."""
     clock.time_batch(fn, 1)  # first launch: compilation, module load
     spent, recent = 0.0, []
     while spent < warmup_ms or len(recent) < 3:
         sample = clock.time_batch(fn, 1)[0]
         spent += max(sample, 1e-3)
         recent = (recent + [sample])[-5:]
+        if give_up_ms is not None and len(recent) >= 2 and min(recent) > give_up_ms:
+            break
     return statistics.median(recent)
 
 
@@ -163,10 +166,12 @@ class Rounds:
     host_us: dict                                  # label -> [host time per call]
     pad_us: float
     checked: dict = field(default_factory=dict)    # label -> Checked
+    cliffs: dict = field(default_factory=dict)     # label -> warm-up time / the first label's
 
     def to_json(self) -> dict:
         return {"reps": self.reps, "rounds": self.rounds, "host_us": self.host_us,
-                "pad_us": self.pad_us, "checked": {k: asdict(v) for k, v in self.checked.items()}}
+                "pad_us": self.pad_us, "checked": {k: asdict(v) for k, v in self.checked.items()},
+                "cliffs": self.cliffs}
 
 
 def alternating(clock: Clock, launchers: dict[str, Callable], settings: Measure,
@@ -176,7 +181,9 @@ def alternating(clock: Clock, launchers: dict[str, Callable], settings: Measure,
     """Time every variant in each round, in an order that reverses every round, so slow drift
     of clocks or temperature falls on all variants alike. In each batch one repetition, at a
     random place, runs on fresh inputs and its output is checked (with a verifier; except for
-    `unverified` labels, whose output is only poisoned)."""
+    `unverified` labels, whose output is only poisoned). With settings.cliff_ratio, a checked
+    variant whose warm-up runs that many times slower than the first label's (the incumbent)
+    is not timed further: it is listed in `cliffs`."""
     rng = rng or random.Random()
     labels = list(launchers)
     host = {}
@@ -186,10 +193,16 @@ def alternating(clock: Clock, launchers: dict[str, Callable], settings: Measure,
         host[label] = host_us(launchers[label], 10)
     if hasattr(clock, "pad_us"):
         clock.pad_us = pad_for([h for hs in host.values() for h in hs])
-    estimates = {}
-    for label in labels:
+    estimates, cliffs = {}, {}
+    cliff = getattr(settings, "cliff_ratio", None)
+    for label in list(labels):
         on_batch(label)
-        estimates[label] = warm_up(clock, launchers[label], settings.warmup_ms)
+        give_up = (cliff * estimates[labels[0]] if cliff and estimates and label not in unverified
+                   else None)
+        estimates[label] = warm_up(clock, launchers[label], settings.warmup_ms, give_up)
+        if give_up is not None and estimates[label] > give_up:
+            cliffs[label] = estimates.pop(label) / estimates[labels[0]]
+    labels = [label for label in labels if label not in cliffs]
     typical = max(statistics.median(estimates.values()), 1e-4)
     reps = int(min(max(settings.round_ms / typical, settings.min_reps), settings.max_reps))
     rounds = {label: [] for label in labels}
@@ -200,7 +213,7 @@ def alternating(clock: Clock, launchers: dict[str, Callable], settings: Measure,
             samples = _batch(clock, launchers[label], reps, verifier, r, label, rng,
                              checked[label], check=label not in unverified)
             rounds[label].append(samples)
-    return Rounds(reps, rounds, host, getattr(clock, "pad_us", 0.0), checked)
+    return Rounds(reps, rounds, host, getattr(clock, "pad_us", 0.0), checked, cliffs)
 
 
 def _batch(clock, fn, reps, verifier, round_index, label, rng, checked: Checked,

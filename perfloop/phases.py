@@ -10,6 +10,7 @@ recorded as crashed and the others are judged or timed without it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import secrets
@@ -232,7 +233,9 @@ def finish_timing(pending: Pending, labels: list[str], *, deadline: float,
 
 def time_variants(variants: list[dict], shapes: list[dict], rules: Rules, *, deadline: float,
                   select: bool = False, **where) -> Timing:
-    """start_timing and finish_timing in one go, for timings no judge precedes."""
+    """start_timing and finish_timing in one go, for timings no judge precedes (bench and
+    the confirmation, which compare variants far apart: no cliff drops any of them)."""
+    rules = dataclasses.replace(rules, measure=dataclasses.replace(rules.measure, cliff_ratio=None))
     pending = start_timing(variants, shapes, rules, **where)
     return finish_timing(pending, [v["label"] for v in variants], deadline=deadline,
                          select=select)
@@ -272,6 +275,7 @@ def summarize_pass(timed_pass: dict, incumbent: str = INCUMBENT, control: str = 
                                                  noise=noise))
                        for label in labels if label != incumbent}
         shapes[name] = {"bytes": shape["bytes"], "flops": shape["flops"],
+                        "bucket": shape.get("bucket"), "held_back": shape.get("held_back", False),
                         "floor_ms": shape.get("floor_ms"), "reps_per_round": shape["reps"],
                         "pad_us": shape.get("pad_us"), "noise": noise, "variants": per_variant,
                         "vs_incumbent": comparisons}

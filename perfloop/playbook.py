@@ -52,6 +52,14 @@ class Decision:
 class Stop:
     no_improvement_streak: int
     max_iterations: int
+    roofline_share: float | None = None  # stop when every shape is this close to its floor
+
+
+@dataclass(frozen=True)
+class Search:
+    joint_margin: float = 0.03      # one-knob values this close to the best join the search
+    joint_max_configs: int = 30
+    interactions: tuple = ()        # pairs of knobs searched together whenever one is
 
 
 @dataclass(frozen=True)
@@ -61,6 +69,7 @@ class Measure:
     warmup_ms: float
     min_reps: int
     max_reps: int
+    cliff_ratio: float | None = None  # a candidate this many times slower in warm-up: dropped
 
 
 @dataclass(frozen=True)
@@ -82,6 +91,7 @@ class Rules:
     stall_timeout_s: float
     measure: Measure
     verify: Verify
+    search: Search = Search()
 
 
 @dataclass(frozen=True)
@@ -167,10 +177,19 @@ def rules_from_dict(raw: dict, where: str = "pinned rules") -> Rules:
         return Rules(decision=Decision(**raw["decision"]), stop=Stop(**raw["stop"]),
                      iteration_timeout_s=raw["iteration_timeout_s"],
                      stall_timeout_s=raw["stall_timeout_s"], measure=Measure(**raw["measure"]),
-                     verify=Verify(**raw["verify"]))
+                     verify=Verify(**raw["verify"]), search=_search(raw.get("search", {})))
     except (KeyError, TypeError) as exc:
         raise UserError(f"{where} are incomplete ({exc.__class__.__name__}: {exc}); start a new "
                         "run with --new") from None
+
+
+def _search(raw: dict, path="pinned rules") -> Search:
+    pairs = raw.get("interactions", ())
+    if not all(isinstance(p, (list, tuple)) and len(p) == 2 and all(isinstance(k, str) for k in p)
+               for p in pairs):
+        raise UserError(f"{path}: [search] interactions must be pairs of knob names, e.g. "
+                        '[["tile", "num_ctas"]]')
+    return Search(**{**raw, "interactions": tuple(tuple(p) for p in pairs)})
 
 
 def with_rules(book: Playbook, raw: dict) -> Playbook:
@@ -183,7 +202,10 @@ def _typed(cls, raw: dict, section: str, path: Path):
     obj = _section(raw, section, cls, path)
     for f in dataclasses.fields(cls):
         value = getattr(obj, f.name)
-        want = {"float": (int, float), "int": (int,), "bool": (bool,)}.get(str(f.type), ())
+        want = {"float": (int, float), "int": (int,), "bool": (bool,),
+                "float | None": (int, float)}.get(str(f.type), ())
+        if value is None and f.type == "float | None":
+            continue
         if want and (not isinstance(value, want) or (isinstance(value, bool) and f.type != "bool")):
             raise UserError(f"{path}: [{section}] {f.name} must be a number "
                             f"({f.type}), not {value!r}")
@@ -207,6 +229,7 @@ def load(directory: Path) -> Playbook:
         stall_timeout_s=float(limits.stall_timeout_s),
         measure=_typed(Measure, rules, "measure", rules_path),
         verify=_typed(Verify, rules, "verify", rules_path),
+        search=_search(vars(_typed(Search, rules, "search", rules_path)), rules_path),
     )
     autotune_path = directory / "autotune.toml"
     autotune = read_toml(autotune_path) if autotune_path.exists() else {}

@@ -1,8 +1,10 @@
-"""What to try next: the playbook's ranking for this kernel's class, derived from the record."""
+"""What to try next, derived from the record: a per-shape dispatch right after an experiment
+that won only on some buckets, then the playbook's ranking for this kernel, and the joint
+search, which goes first once a stop rule would otherwise end the run."""
 
 from __future__ import annotations
 
-from perfloop import decide
+from perfloop import decide, search
 from perfloop.session import Session
 
 
@@ -15,9 +17,48 @@ def penalties(s: Session, recs: list[dict]) -> dict[str, int]:
     return out
 
 
-def suggestions(s: Session) -> list[decide.Suggestion]:
-    recs = s.records()
+def catalog(s: Session, recs: list[dict] | None = None) -> list[decide.Suggestion]:
+    recs = s.records() if recs is None else recs
     tried = {r["optimization"] for r in recs if r["kind"] == "playbook"}
     knobs = s.incumbent_knobs()
     return decide.rank(s.playbook.optimizations, s.state.kernel_class, knobs,
                        s.spec.candidates, tried, penalties(s, recs), s.spec.tags)
+
+
+def searches(s: Session, recs: list[dict] | None = None) -> list[decide.Suggestion]:
+    """The dispatch and joint experiments the record supports now."""
+    recs = s.records() if recs is None else recs
+    knobs = s.incumbent_knobs()
+    out = []
+    found = search.dispatch_changes(recs, s.state.incumbent, knobs, s.playbook.rules.decision)
+    if found:
+        table, said = found
+        out.append(decide.Suggestion(search.optimization(search.DISPATCH, (table,)), (table,),
+                                     0, f"won only on some buckets: {said}", describe=said))
+    rules = s.playbook.rules.search
+    if not search.joint_tried_since_keep(recs):
+        patches = search.joint_space(recs, knobs, s.spec.headline.name, rules.joint_margin,
+                                     rules.joint_max_configs, list(rules.interactions))
+        if patches:
+            values = tuple(patches)
+            out.append(decide.Suggestion(
+                search.optimization(search.JOINT, values), values, 0,
+                f"{len(patches)} configs of {', '.join(sorted({k for p in patches for k in p}))}"
+                f", the values within {100 * rules.joint_margin:g}% of the best in one-knob "
+                "steps, measured together"))
+    return out
+
+
+def suggestions(s: Session) -> list[decide.Suggestion]:
+    """Everything worth trying now, best first."""
+    recs = s.records()
+    ranked = catalog(s, recs)
+    extra = searches(s, recs)
+    first = [sg for sg in extra if sg.optimization.id == search.DISPATCH]
+    joint = [sg for sg in extra if sg.optimization.id == search.JOINT]
+    from perfloop.iteration import stop_inputs  # (iteration imports this module)
+
+    iteration, verdicts, searched = stop_inputs(s, recs)
+    would_stop = bool(verdicts) and decide.stop_reason(
+        iteration, verdicts, s.playbook.rules.stop, len(ranked), searched=searched) is not None
+    return first + (joint + ranked if would_stop else ranked + joint)

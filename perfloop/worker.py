@@ -110,7 +110,7 @@ class Worker:
         self.spec = spec
         self.settings = Measure(**spec["measure"])
         self.progress = Progress(Path(spec["progress"]))
-        self.failed: dict[str, dict] = {}  # label -> {reason, kind: fail (wrong) | crash}
+        self.failed: dict[str, dict] = {}  # label -> {reason, kind: fail (wrong) | crash | slow}
         # whose code is checked: by default the candidates; the incumbent and its control run
         # code that was checked when it was a candidate, and PyTorch's versions are the reference
         checked = spec.get("checked", [v["label"] for v in spec["variants"][2:]])
@@ -234,6 +234,9 @@ class Worker:
                     raise
                 self._fail(exc.label, exc.reason, "crash")
         self._check_tamper(self.progress_label)
+        for label, ratio in rounds.cliffs.items():
+            self._fail(label, f"at {shape.name} its warm-up ran {ratio:.1f}x slower than the "
+                              "incumbent's: dropped as a cliff, not timed further", "slow")
         for label, checked in rounds.checked.items():
             if not checked.passed:
                 first = checked.failures[0]
@@ -246,7 +249,9 @@ class Worker:
                                   f"{ratio:.2f}x the others: its results look cached")
         bytes_moved, flops = self.contract.traffic(shape)
         floor = ceilings.floor_ms(bytes_moved, flops, self.ceilings) if self.ceilings else None
-        return {"bytes": bytes_moved, "flops": flops, "floor_ms": floor, **rounds.to_json(),
+        bucket = self.contract.bucket(inputs) if hasattr(self.contract, "bucket") else None
+        return {"bytes": bytes_moved, "flops": flops, "floor_ms": floor, "bucket": bucket,
+                "held_back": shape.held_back, **rounds.to_json(),
                 "fresh_ratio": {label: _fresh_ratio(c) for label, c in rounds.checked.items()}}
 
     def _before_batch(self, label: str, shape: Shape) -> None:

@@ -34,17 +34,23 @@ def test_run_applies_one_optimization_per_iteration_and_stops_by_the_rules(scrat
     assert out["ok"] and out["stop_reason"] == "1.00% faster: kept, gain under 2%: stop"
     assert scratch.branch().startswith("cutile-perf-scripted-")
     rows = table.read_rows(scratch.path / "sandbox/scripted/perf_results.md")
-    assert [(r[1], r[3], r[4]) for r in rows] == [
+    assert [(r[1], r[3], r[4]) for r in rows[:4]] == [
         ("baseline", "PASS", "keep"), ("fast_math: fast_math=true", "PASS", "keep"),
         ("tile_shape: tile=1x2048", "PASS", "keep"), ("occupancy: occupancy=8", "PASS", "keep")]
+    # before the stop rule ends the run, the joint search measures occupancy (1% from its
+    # best value) together with the tile it interacts with; nothing there beats the incumbent
+    assert len(rows) == 5 and rows[4][1].startswith("joint: ") and rows[4][4] == "revert"
     assert all(ROW.match(line) for line in scratch.table().splitlines()[2:])
     recs = scratch.records()
+    joint = recs[4]
+    assert joint["optimization"] == "joint" and 1 < len(joint["candidates"]) <= 30
+    assert all(set(p) == {"occupancy", "tile"} for p in joint["candidates"])
     # one commit per experiment on the branch, each named for its iteration and optimization
     log = git(scratch.path, "log", "--format=%s", f"{base}..HEAD").splitlines()
     assert log == ["perfloop: iteration 3: occupancy (occupancy=8)",
                    "perfloop: iteration 2: tile_shape (tile=1x2048)",
                    "perfloop: iteration 1: fast_math (fast_math=true)"]
-    assert recs[-1]["commit"] == scratch.head()
+    assert recs[3]["commit"] == scratch.head() and joint["commit"] != scratch.head()
     assert recs[1]["decision"]["gain"] > 0.19 and recs[2]["decision"]["lower_family"]
     for r in recs:
         assert git(scratch.path, "rev-parse", r["ref"]) == r["commit"]
@@ -53,7 +59,7 @@ def test_run_applies_one_optimization_per_iteration_and_stops_by_the_rules(scrat
     assert git(scratch.path, "status", "--porcelain") == ""
     # the run's result, timed in one process when it stopped: 0.8 * 0.97 * 0.99 at the headline
     [confirmation] = scratch.confirmations()
-    assert confirmation["incumbent"] == scratch.head() and confirmation["after_iteration"] == 3
+    assert confirmation["incumbent"] == scratch.head() and confirmation["after_iteration"] == 4
     head = confirmation["shapes"]["head"]
     assert head["speedup"] == pytest.approx(1 / (0.8 * 0.97 * 0.99), rel=2e-3)
     assert head["speedup_ci"][0] <= head["speedup"] <= head["speedup_ci"][1]

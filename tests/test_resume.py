@@ -59,8 +59,9 @@ def test_an_interrupted_run_resumed_ends_where_an_uninterrupted_one_does(scratch
     assert code == -9
     code, out, err = scratch.cli("run", "--kernel", "scripted", "--resume")
     assert code == 0, err
-    _, recs = assert_consistent(scratch, 4)
-    assert [r["optimization"] for r in recs] == ["baseline", "fast_math", "tile_shape", "occupancy"]
+    _, recs = assert_consistent(scratch, 5)
+    assert [r["optimization"] for r in recs] == ["baseline", "fast_math", "tile_shape", "occupancy",
+                                                 "joint"]
     assert out["stop_reason"].endswith("stop")
 
 
@@ -120,8 +121,8 @@ def test_ctrl_c_stops_the_run_and_resume_goes_on(scratch):
     assert_consistent(scratch, 1)
     code, out, err = scratch.cli("run", "--kernel", "scripted", "--resume")
     assert code == 0, err
-    _, recs = assert_consistent(scratch, 4)
-    assert recs[1]["optimization"] == "fast_math"
+    _, recs = assert_consistent(scratch, 5)   # ... occupancy, then the joint search
+    assert recs[1]["optimization"] == "fast_math" and recs[4]["optimization"] == "joint"
 
 
 @pytest.mark.parametrize("kind", ["agent", "playbook"])

@@ -28,6 +28,8 @@ from pathlib import Path
 import cuda.tile as ct
 import torch
 
+from perfloop import dispatch
+
 EPS = 1e-6
 ZERO = ct.PaddingMode.ZERO
 PERSISTENT_OCCUPANCY = 4  # blocks per SM of a persistent grid when occupancy is unset
@@ -140,7 +142,18 @@ def grid(knobs: dict, m: int, n: int, device) -> tuple[int]:
 
 
 def build(knobs: dict):
-    """launch((x, w), y) for these knob values; y has x's shape and dtype."""
+    """launch((x, w), y) for these knob values; y has x's shape and dtype.
+    Values in knobs.json's "dispatch" table hold only for their bucket of inputs (bucket)."""
+    return dispatch.build(knobs, _build_one, bucket)
+
+
+def bucket(inputs) -> str:
+    """The dispatch key of a call: the dtype and the row width rounded up to a power of two."""
+    n = inputs[0].shape[-1]
+    return f"{str(inputs[0].dtype).removeprefix('torch.')}/n{1 << max(n - 1, 0).bit_length()}"
+
+
+def _build_one(knobs: dict):
     kern = kernel_object(knobs["occupancy"])
 
     def launch(inputs, out):
@@ -160,18 +173,19 @@ def rmsnorm(x: torch.Tensor, w: torch.Tensor, knobs: dict | None = None) -> torc
         raise ValueError("w must have shape (x.shape[-1],) and x's dtype")
     x = x.contiguous()
     out = torch.empty_like(x)
-    _launcher(_frozen(knobs if knobs is not None else json.loads(KNOBS.read_text())))(
+    _launcher(_frozen(knobs))(
         (x, w.contiguous()), out)
     return out
 
 
-def _frozen(knobs: dict) -> tuple:
-    return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in knobs.items()))
+def _frozen(knobs: dict | None) -> str | None:
+    return None if knobs is None else json.dumps(knobs, sort_keys=True)
 
 
 @functools.cache
-def _launcher(frozen: tuple):
-    return build(dict(frozen))
+def _launcher(text: str | None):
+    knobs = json.loads(KNOBS.read_text() if text is None else text)
+    return build({k: tuple(v) if isinstance(v, list) else v for k, v in knobs.items()})
 
 
 # ---- the plug-in contract ------------------------------------------------------------------

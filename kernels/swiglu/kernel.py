@@ -19,10 +19,13 @@ from __future__ import annotations
 
 import functools
 import io
+import json
 from pathlib import Path
 
 import cuda.tile as ct
 import torch
+
+from perfloop import dispatch
 
 ZERO = ct.PaddingMode.ZERO
 APPROX = ct.RoundingMode.APPROX
@@ -116,7 +119,18 @@ def _as_2d(t: torch.Tensor) -> torch.Tensor:
 
 
 def build(knobs: dict):
-    """launch(inputs, out) for these knob values; out has the inputs' shape and dtype."""
+    """launch(inputs, out) for these knob values; out has the inputs' shape and dtype.
+    Values in knobs.json's "dispatch" table hold only for their bucket of inputs (bucket)."""
+    return dispatch.build(knobs, _build_one, bucket)
+
+
+def bucket(inputs) -> str:
+    """The dispatch key of a call: the dtype and the row width rounded up to a power of two."""
+    n = inputs[0].shape[-1]
+    return f"{str(inputs[0].dtype).removeprefix('torch.')}/n{1 << max(n - 1, 0).bit_length()}"
+
+
+def _build_one(knobs: dict):
     consts = _constants(knobs)
     if knobs.get("autotune"):
         return _autotuned(knobs, consts)
@@ -161,20 +175,18 @@ def swiglu(a: torch.Tensor, b: torch.Tensor, knobs: dict | None = None) -> torch
     if a.shape != b.shape or a.dtype != b.dtype:
         raise ValueError("a and b need the same shape and dtype")
     out = torch.empty_like(a, memory_format=torch.contiguous_format)
-    _launcher(_frozen(knobs) if knobs is not None else None)((a, b), out)
+    _launcher(_frozen(knobs))((a, b), out)
     return out
 
 
-def _frozen(knobs: dict) -> tuple:
-    return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in knobs.items()))
+def _frozen(knobs: dict | None) -> str | None:
+    return None if knobs is None else json.dumps(knobs, sort_keys=True)
 
 
 @functools.cache
-def _launcher(frozen: tuple | None):
-    if frozen is None:
-        import json
-        frozen = _frozen(json.loads(KNOBS.read_text()))
-    return build(dict(frozen))
+def _launcher(text: str | None):
+    knobs = json.loads(KNOBS.read_text() if text is None else text)
+    return build({k: tuple(v) if isinstance(v, list) else v for k, v in knobs.items()})
 
 
 # ---- the plug-in contract ------------------------------------------------------------------

@@ -1,11 +1,11 @@
 import json
 
-from perfloop import confirm, decide, iteration, loop, views
+from perfloop import confirm, decide, iteration, loop, search, views
 from perfloop.errors import UserError
 from perfloop.iteration import AGENT, PLAYBOOK, Proposal
 from perfloop.playbook import freeze, thaw
 from perfloop.session import Session, require_gpu
-from perfloop.suggest import suggestions
+from perfloop.suggest import searches, suggestions
 
 HELP = "one iteration: a playbook optimization (--opt), or your own edits (--describe)"
 DESCRIPTION = """\
@@ -35,7 +35,21 @@ def _parse_value(text: str):
         return text
 
 
+def _search_proposal(s: Session, opt_id: str, value_text: str | None) -> Proposal:
+    found = next((sg for sg in searches(s) if sg.optimization.id == opt_id), None)
+    if found is None:
+        why = ("the last experiment won on no bucket of shapes against what is in force"
+               if opt_id == search.DISPATCH else "fewer than two knobs have values worth "
+               "measuring together, or it ran since the last kept change")
+        raise UserError(f"no {opt_id} experiment to run now: {why}")
+    if value_text is not None:
+        raise UserError(f"--value does not go with --opt {opt_id}: its values come from the record")
+    return Proposal(PLAYBOOK, found.optimization, found.candidates, describe=found.describe)
+
+
 def _playbook_proposal(s: Session, opt_id: str, value_text: str | None) -> Proposal:
+    if opt_id in search.IDS:
+        return _search_proposal(s, opt_id, value_text)
     opt = s.playbook.get(opt_id)
     knobs = s.incumbent_knobs()
     if opt.knob not in knobs:

@@ -15,6 +15,8 @@ kernel can see for itself: how often a built launcher was called and how large i
   tamper           replaces perfloop's batch timer with one that reports half the time
   tamper-judge     replaces perfloop's output comparison with one that always passes
   env              writes its environment to $SCRIPTED_ENV_DUMP/<pid>.json, then doubles
+  compile-error    raises when built, as a kernel that fails to compile does
+Calls dispatch per bucket (perfloop.dispatch): "big" for inputs of 600 values or more.
 SCRIPTED_DELAY_S slows every launch down, so a test can interrupt a timing in progress.
 """
 
@@ -27,6 +29,8 @@ import signal
 import sys
 import time
 from pathlib import Path
+
+from perfloop import dispatch
 
 DEVICE = "cpu"
 SCRIPT = json.loads((Path(__file__).parent / "script.json").read_text())
@@ -63,8 +67,18 @@ def _threshold(mode: str, prefix: str) -> int | None:
     return int(mode[len(prefix):]) if mode.startswith(prefix) else None
 
 
+def bucket(inputs) -> str:
+    return "big" if len(inputs[1]) >= 600 else "small"
+
+
 def build(knobs: dict):
+    return dispatch.build(knobs, _build_one, bucket)
+
+
+def _build_one(knobs: dict):
     mode = knobs.get("mode", "ok")
+    if mode == "compile-error":
+        raise RuntimeError("tileiras: error: register allocation failed")
     delay = float(os.environ.get("SCRIPTED_DELAY_S", "0"))
     counter = itertools.count()
     seen: set = set()

@@ -1,0 +1,151 @@
+"""Experiments built from what a run has measured, beyond the catalog's one-knob steps:
+
+  dispatch  right after an experiment whose values won on some buckets of shapes (the
+            kernel's bucket(inputs) key) but not on all, keep each bucket's winner for that
+            bucket only (perfloop.dispatch);
+  joint     before the run stops, the product of the values that were best or within
+            [search] joint_margin of it in the one-knob steps, plus all measured values of
+            knobs known to interact with them, at most [search] joint_max_configs configs.
+
+Pure functions over the record's lines; iteration.py runs what they propose like any change.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+from perfloop import decide, dispatch
+from perfloop.playbook import CLASSES, Optimization, freeze, thaw
+
+DISPATCH, JOINT = "dispatch", "joint"
+MULTI = "*"        # the knob of an optimization whose values are {knob: value} patches
+INCUMBENT = "incumbent"
+IDS = (DISPATCH, JOINT)
+
+
+def optimization(opt_id: str, values: tuple) -> Optimization:
+    """The catalog-like entry of a search experiment."""
+    if opt_id == DISPATCH:
+        return Optimization(DISPATCH, "per-shape dispatch", DISPATCH, dispatch.KEY, values,
+                            CLASSES, dict.fromkeys(CLASSES, 0),
+                            "keep a value only for the buckets of shapes where it won")
+    return Optimization(JOINT, "joint search", JOINT, MULTI, values, CLASSES,
+                        dict.fromkeys(CLASSES, 0),
+                        "the values that mattered in one-knob steps, measured together")
+
+
+def first_pass(record: dict) -> dict | None:
+    """The pass in which every candidate of an experiment was timed against the incumbent."""
+    timing = record.get("timing") or {}
+    return timing.get("selection") or timing.get("shapes")
+
+
+def _single_knob(record: dict) -> bool:
+    return (record["kind"] == "playbook" and record.get("knob") not in (None, dispatch.KEY, MULTI)
+            and record.get("timing") is not None and record.get("correctness") == "PASS")
+
+
+def dispatch_changes(recs: list[dict], incumbent: str, knobs: dict,
+                     rules: decide.DecisionRules) -> tuple[dict, str] | None:
+    """(the new dispatch table, what it changes) from the last experiment, when some of its
+    values won on some buckets against what is in force now; else None."""
+    if not recs or not _single_knob(recs[-1]):
+        return None
+    record = recs[-1]
+    kept = record["status"] == decide.KEEP
+    if (record["commit"] if kept else record["incumbent_before"]) != incumbent:
+        return None
+    in_force = record["timing"]["chosen"] if kept else INCUMBENT
+    values = record["timing"]["labels"]
+    winners = decide.bucket_winners(first_pass(record), values, in_force, rules)
+    current = dispatch.table(knobs)
+    knob = record["knob"]
+    changes, said = {}, []
+    for bucket, (label, gain) in winners.items():
+        value = values[label]
+        if freeze(current.get(bucket, {}).get(knob)) == freeze(value):
+            continue
+        changes[bucket] = {knob: value}
+        said.append(f"{knob}={_show(value)} at {bucket} ({100 * gain:.1f}% faster there)")
+    if not changes:
+        return None
+    table = dispatch.merged(current, changes)
+    return table, "; ".join(said) + f" (from iteration {record['iteration']})"
+
+
+def _show(value) -> str:
+    if isinstance(value, (list, tuple)):
+        return "x".join(str(v) for v in value)
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def show_patch(patch: dict) -> str:
+    return ", ".join(f"{k}={_show(v)}" for k, v in patch.items())
+
+
+def _measured(recs: list[dict], headline: str) -> dict[str, dict]:
+    """{knob: {value: ratio against the value in force before its step}} from the latest
+    one-knob step of each knob (its first pass, at the headline)."""
+    out: dict[str, dict] = {}
+    for record in recs:
+        if not _single_knob(record) or "incumbent_value" not in record:
+            continue
+        shape = (first_pass(record) or {}).get(headline)
+        if not shape:
+            continue
+        ratios = {freeze(record["incumbent_value"]): 1.0}
+        for label, value in record["timing"]["labels"].items():
+            if label in shape["vs_incumbent"]:
+                ratios[freeze(value)] = shape["vs_incumbent"][label]["ratio"]
+        out[record["knob"]] = ratios
+    return out
+
+
+def joint_space(recs: list[dict], knobs: dict, headline: str, margin: float,
+                max_configs: int, interactions: list) -> list[dict]:
+    """Patches {knob: value} over the incumbent's knobs that move two knobs or more, the most
+    promising first (by the product of the one-knob ratios), at most max_configs; empty unless
+    two knobs or more have a value besides the incumbent's worth measuring together."""
+    measured = _measured(recs, headline)
+    space: dict[str, list] = {}
+    for knob, ratios in measured.items():
+        best = min(ratios.values())
+        near = [v for v, r in ratios.items() if r <= best * (1 + margin)]
+        space[knob] = near
+    for a, b in interactions:  # a knob that interacts with one in the space joins with all
+        for x, y in ((a, b), (b, a)):  # its measured values
+            if x in space and len(space[x]) > 1 and y in measured:
+                space[y] = list(measured[y])
+    for knob in list(space):
+        if knob not in knobs:
+            del space[knob]
+            continue
+        current = freeze(knobs[knob])
+        space[knob] = list(dict.fromkeys([current, *space[knob]]))
+        if len(space[knob]) < 2:
+            del space[knob]
+    if len(space) < 2:
+        return []
+    names = sorted(space)
+
+    def predicted(combo) -> float:
+        here = [measured[k].get(v, 1.0) / measured[k].get(freeze(knobs[k]), 1.0)
+                for k, v in zip(names, combo)]
+        return math.prod(here)
+
+    # one knob moved alone was measured by its own step: only combinations are new
+    combos = [c for c in itertools.product(*(space[k] for k in names))
+              if sum(v != freeze(knobs[k]) for k, v in zip(names, c)) >= 2]
+    combos.sort(key=predicted)
+    return [{k: thaw(v) for k, v in zip(names, c) if v != freeze(knobs[k])}
+            for c in combos[:max_configs]]
+
+
+def joint_tried_since_keep(recs: list[dict]) -> bool:
+    for record in reversed(recs):
+        if record["optimization"] == JOINT:
+            return True
+        if record["status"] == decide.KEEP:
+            return False
+    return False

@@ -1,0 +1,234 @@
+"""Search beyond one-knob steps: per-shape dispatch, joint search, cliffs, the roofline stop.
+
+Pure functions first, then runs of the scripted kernel (which buckets its inputs: "big" for
+600 values or more, so the shapes head and tail are big and guard is small).
+"""
+
+import json
+
+import pytest
+
+from perfloop import decide, dispatch, measure, search
+from perfloop.playbook import Decision, Measure, Stop
+from perfloop.stats import Comparison
+
+RULES = Decision(keep_gain=0.05, minor_gain=0.02, regression_tolerance=0.01, family_penalty=10,
+                 floor_tolerance=0.1, min_gain=0.005)
+
+
+# ---- the dispatch helper -------------------------------------------------------------------
+def test_dispatch_build_launches_each_bucket_with_its_own_values():
+    built = []
+
+    def build_one(knobs):
+        built.append(knobs)
+        return lambda inputs, out: knobs["tile"]
+
+    knobs = {"tile": (1, 1024), "fast": False, "dispatch": {"big": {"tile": [4, 0]}}}
+    launch = dispatch.build(knobs, build_one, lambda inputs: inputs[0])
+    assert launch(("big",), None) == (4, 0)          # the table's lists arrive as tuples
+    assert launch(("small",), None) == (1, 1024)     # any other bucket: the plain knobs
+    assert all("dispatch" not in k for k in built)   # build_one never sees the table
+    plain = dispatch.build({"tile": (1, 1024)}, build_one, lambda inputs: 1 / 0)
+    assert plain(("big",), None) == (1, 1024)        # no table: bucket() is never called
+
+
+def test_merged_tables_keep_other_buckets_and_have_one_text():
+    a = dispatch.merged({"x": {"tile": [1, 2]}}, {"y": {"tile": [4, 0]}, "x": {"occ": 2}})
+    assert a == {"x": {"occ": 2, "tile": [1, 2]}, "y": {"tile": [4, 0]}}
+    assert json.dumps(a) == json.dumps(dispatch.merged({}, {"y": {"tile": [4, 0]},
+                                                            "x": {"tile": [1, 2], "occ": 2}}))
+    assert dispatch.changed_buckets({"x": {"t": 1}}, a) == ["x", "y"]
+
+
+# ---- which buckets a measured value wins ---------------------------------------------------
+def _shape(bucket, rounds: dict, noise=0.002, held=False):
+    return {"bucket": bucket, "held_back": held, "noise": noise,
+            "variants": {label: {"round_medians_ms": r} for label, r in rounds.items()}}
+
+
+def _rounds(ms: float, n: int = 10, spread: float = 0.001):
+    return [ms * (1 + spread * ((i % 3) - 1)) for i in range(n)]
+
+
+def test_bucket_winners_need_a_real_gain_at_every_shape_of_the_bucket():
+    first = {
+        "head": _shape("big", {"incumbent": _rounds(1.0), "c0": _rounds(0.8), "c1": _rounds(0.9)}),
+        "tail": _shape("big", {"incumbent": _rounds(0.8), "c0": _rounds(0.7), "c1": _rounds(0.7)}),
+        "guard": _shape("small", {"incumbent": _rounds(0.5), "c0": _rounds(0.6), "c1": _rounds(0.499)}),
+        "held:head": _shape("big", {"incumbent": _rounds(1.0), "c0": _rounds(2.0)}, held=True),
+    }
+    won = decide.bucket_winners(first, {"c0": [1, 2048], "c1": [1, 512]}, "incumbent", RULES)
+    # c0 gains 12.5% at worst in "big" (c1 only 10%); nothing wins "small" (c1's 0.2% is
+    # under min_gain); held-back shapes do not choose
+    assert set(won) == {"big"} and won["big"][0] == "c0"
+    assert won["big"][1] == pytest.approx(0.125, abs=0.01)
+
+
+def test_a_dispatch_is_decided_where_it_changed_and_only_if_a_held_back_shape_was_timed():
+    summary = {"head": {"bucket": "big", "vs_incumbent": {"c": {"ratio": 1.0}}},
+               "guard": {"bucket": "small", "vs_incumbent": {"c": {"ratio": 0.8}}},
+               "held:head": {"bucket": "big", "held_back": True, "vs_incumbent": {"c": {"ratio": 1}}}}
+    assert decide.dispatch_focus(summary, ["small"], "head", "c") == "guard"
+    assert decide.dispatch_focus(summary, ["big", "small"], "head", "c") == "head"
+    assert decide.dispatch_focus(summary, ["nowhere"], "head", "c") is None
+    assert decide.ungeneralized(summary, ["big", "small"]) == ("small",)
+    outcome = decide.Outcome(correct=True, headline="guard", ungeneralized=("small",),
+                             comparisons={"guard": Comparison(0.8, 0.79, 0.81)})
+    verdict = decide.decide(outcome, RULES)
+    assert verdict.status == decide.REVERT and "held-back" in verdict.reason
+
+
+# ---- the joint search's space -------------------------------------------------------------
+def _step(knob, before, ratios: dict, iteration=1):
+    labels = {f"c{i}": v for i, v in enumerate(ratios)}
+    return {"iteration": iteration, "kind": "playbook", "knob": knob, "correctness": "PASS",
+            "status": "revert", "optimization": knob, "incumbent_value": before,
+            "timing": {"labels": labels, "shapes": {"head": {"vs_incumbent": {
+                f"c{i}": {"ratio": r} for i, r in enumerate(ratios.values())}}}}}
+
+
+def test_joint_space_holds_the_near_best_values_of_two_knobs_or_more_and_no_single_moves():
+    recs = [_step("tile", [1, 1024], {(1, 2048): 0.99, (1, 512): 1.2, (4, 0): 0.98}),
+            _step("occupancy", None, {2: 1.01, 4: 1.3}),
+            _step("fast_math", False, {True: 1.1})]
+    knobs = {"tile": (1, 1024), "occupancy": None, "fast_math": False}
+    patches = search.joint_space(recs, knobs, "head", margin=0.03, max_configs=30,
+                                 interactions=[])
+    # tile: 1x1024 (current), 1x2048, 4x0 within 3% of 0.98; occupancy: None, 2; fast math: no
+    assert {json.dumps(p, sort_keys=True) for p in patches} == {
+        json.dumps({"occupancy": 2, "tile": t}, sort_keys=True) for t in ([1, 2048], [4, 0])}
+    assert patches[0]["tile"] == [4, 0]   # the most promising first (0.98 * 1.01)
+    # an interaction brings in every measured value of the other knob; the cap holds
+    wide = search.joint_space(recs, knobs, "head", 0.03, 30, [("occupancy", "fast_math")])
+    assert {p.get("fast_math") for p in wide} == {True, None}
+    assert len(search.joint_space(recs, knobs, "head", 0.03, 3, [("tile", "fast_math")])) == 3
+    # one knob with alternatives is no joint search
+    assert search.joint_space(recs[:1], knobs, "head", 0.03, 30, []) == []
+
+
+# ---- stop rules -----------------------------------------------------------------------------
+STOP = Stop(no_improvement_streak=2, max_iterations=25, roofline_share=0.92)
+KEEP = decide.Verdict("keep", "PASS", "10% faster", 0.1, improved=True)
+MINOR = decide.Verdict("keep", "PASS", "1% faster: stop", 0.01, stop=True, improved=True)
+REVERT = decide.Verdict("revert", "PASS", "no improvement")
+
+
+def test_searches_on_offer_hold_off_every_stop_but_the_limit_and_the_roofline():
+    assert decide.stop_reason(3, [KEEP, REVERT, REVERT], STOP, 5) is not None
+    assert decide.stop_reason(3, [KEEP, REVERT, REVERT], STOP, 5, searches=1) is None
+    assert decide.stop_reason(25, [KEEP], STOP, 5, searches=1).startswith("reached")
+    shares = {"head": 0.95, "guard": 0.93}
+    assert decide.stop_reason(1, [KEEP], STOP, 5, searches=1,
+                              floor_shares=shares).startswith("at the roofline")
+    assert decide.stop_reason(1, [KEEP], STOP, 5, floor_shares={**shares, "g": 0.9}) is None
+    # a minor gain's stop stands after the search experiments that followed it
+    assert decide.stop_reason(3, [KEEP, MINOR, REVERT], STOP, 5,
+                              searched=[False, False, True]) == MINOR.reason
+    assert decide.stop_reason(3, [KEEP, MINOR, KEEP], STOP, 5,
+                              searched=[False, False, False]) is None
+
+
+# ---- cliffs -----------------------------------------------------------------------------------
+class FakeClock:
+    def time_batch(self, fn, reps, before=None):
+        out = []
+        for i in range(reps):
+            if before:
+                before(i)
+            out.append(fn())
+        return out
+
+
+def test_a_candidate_far_slower_in_warm_up_is_dropped_after_two_runs():
+    calls = {"slow": 0}
+
+    def slow():
+        calls["slow"] += 1
+        return 15.0
+
+    settings = Measure(rounds=3, round_ms=5, warmup_ms=20, min_reps=3, max_reps=5, cliff_ratio=4)
+    rounds = measure.alternating(FakeClock(), {"incumbent": lambda: 1.0, "fast": lambda: 0.9,
+                                               "slow": slow}, settings)
+    assert set(rounds.rounds) == {"incumbent", "fast"} and rounds.cliffs == {"slow": 15.0}
+    assert calls["slow"] <= 1 + 10 + 3   # first call, host timing, two warm-up runs (+first)
+    # labels whose output is not checked (the control, PyTorch's versions) are never dropped
+    kept = measure.alternating(FakeClock(), {"incumbent": lambda: 1.0, "torch": slow}, settings,
+                               unverified={"torch"})
+    assert set(kept.rounds) == {"incumbent", "torch"} and kept.cliffs == {}
+
+
+# ---- runs of the scripted kernel -------------------------------------------------------------
+SPLIT = [{"when": {"tile": [1, 2048]},
+          "factor": {"head": 0.8, "tail": 0.8, "held:head": 0.8, "held:tail": 0.8,
+                     "guard": 1.3, "held:guard": 1.3}}]
+
+
+def test_a_value_that_wins_only_on_some_buckets_is_kept_there_by_a_dispatch(scratch):
+    scratch.script(SPLIT)
+    scratch.commit_all("script")
+    assert scratch.cli("init", "--kernel", "scripted")[0] == 0
+    code, out, err = scratch.cli("step", "--kernel", "scripted", "--opt", "tile_shape")
+    assert code == 0, err
+    # 1x2048 is 20% faster at head and tail but 30% slower at guard: the candidate carried
+    # into the decision is one slower nowhere, which gains nothing
+    assert out["experiment"]["status"] == "revert"
+    assert out["next"][0] == "dispatch"
+    code, out, err = scratch.cli("step", "--kernel", "scripted", "--opt", "dispatch")
+    assert code == 0, err
+    rec = scratch.records()[-1]
+    assert rec["status"] == "keep" and rec["decision"]["gain"] == pytest.approx(0.2, abs=0.01)
+    assert "tile=1x2048 at big" in rec["describe"]
+    assert rec["knobs"]["dispatch"] == {"big": {"tile": [1, 2048]}}
+    knobs = json.loads((scratch.kernel / "knobs.json").read_text())
+    assert knobs["dispatch"] == {"big": {"tile": [1, 2048]}} and knobs["tile"] == [1, 1024]
+    # the held-back shapes were timed (and their outputs checked) in every bucket
+    shapes = rec["timing"]["shapes"]
+    assert {n for n, sh in shapes.items() if sh["held_back"]} == {"held:head", "held:guard",
+                                                                  "held:tail"}
+    assert shapes["guard"]["vs_incumbent"][rec["timing"]["chosen"]]["ratio"] == \
+        pytest.approx(1.0, abs=0.01)
+    assert rec["correctness"] == "PASS" and rec["correctness_detail"]["passed"]
+    assert "dispatch: tile=1x2048 at big" in scratch.table()
+    # nothing more to dispatch: the same split is not proposed twice
+    code, out, _ = scratch.cli("step", "--kernel", "scripted", "--opt", "dispatch")
+    assert code == 2 and "no dispatch experiment" in out["error"]
+
+
+def test_a_dispatch_that_loses_on_a_held_back_shape_is_reverted(scratch):
+    overfit = [{**SPLIT[0], "factor": {**SPLIT[0]["factor"], "held:tail": 1.3}}]
+    scratch.script(overfit)
+    scratch.commit_all("script")
+    assert scratch.cli("init", "--kernel", "scripted")[0] == 0
+    assert scratch.cli("step", "--kernel", "scripted", "--opt", "tile_shape")[0] == 0
+    code, out, err = scratch.cli("step", "--kernel", "scripted", "--opt", "dispatch")
+    assert code == 0, err
+    assert out["experiment"]["status"] == "revert" and "held:tail" in out["experiment"]["reason"]
+    assert "dispatch" not in json.loads((scratch.kernel / "knobs.json").read_text())
+
+
+def test_a_cliff_candidate_is_dropped_early_and_the_others_are_decided(scratch):
+    scratch.script([{"when": {"occupancy": 2}, "factor": {"*": 15}},
+                    {"when": {"occupancy": 8}, "factor": {"*": 0.9}}])
+    scratch.commit_all("script")
+    assert scratch.cli("init", "--kernel", "scripted")[0] == 0
+    code, out, err = scratch.cli("step", "--kernel", "scripted", "--opt", "occupancy")
+    assert code == 0, err
+    rec = scratch.records()[-1]
+    slow = [o for o in rec["outcomes"].values() if o["value"] == 2]
+    assert slow[0]["outcome"] == "slow" and "cliff" in slow[0]["reason"]
+    assert rec["status"] == "keep" and rec["value"] == 8
+    assert all(o["outcome"] == "ok" for o in rec["outcomes"].values() if o["value"] != 2)
+
+
+def test_a_candidate_that_fails_to_compile_is_recorded_and_the_others_go_on(scratch):
+    scratch.add_optimization("modes", "mode", ["compile-error", "fine"])
+    scratch.script([{"when": {"mode": "fine"}, "factor": {"*": 0.9}}])
+    scratch.commit_all("script")
+    assert scratch.cli("init", "--kernel", "scripted")[0] == 0
+    code, out, err = scratch.cli("step", "--kernel", "scripted", "--opt", "modes")
+    assert code == 0, err
+    rec = scratch.records()[-1]
+    failed = [o for o in rec["outcomes"].values() if o["value"] == "compile-error"]
+    assert failed[0]["outcome"] in ("fail", "crash")
+    assert rec["status"] == "keep" and rec["value"] == "fine"
