@@ -13,6 +13,7 @@ one the marker announced), and restores files only where the change is perfloop'
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 from dataclasses import asdict, dataclass
@@ -28,6 +29,7 @@ from perfloop.worker import CONTROL, INCUMBENT
 
 BASELINE, PLAYBOOK, AGENT = "baseline", "playbook", "agent"
 OK, FAIL, CRASH, SLOW = "ok", "fail", "crash", "slow"   # SLOW: dropped at a cliff
+SCREENED = "screened"   # correct as far as it was timed, but not among the fastest few
 
 
 @dataclass(frozen=True)
@@ -152,20 +154,30 @@ def run(s: Session, proposal: Proposal) -> dict:
     incumbent_knobs = s.spec.read_knobs(incumbent_dir)
     variants = _variants(s, proposal, incumbent_dir, incumbent_knobs)
     candidates = variants if proposal.kind == BASELINE else variants[1:]
+    proposed = list(candidates)
+    values = dict(zip((v["label"] for v in proposed), proposal.values))
     shapes = s.spec.shapes + (s.spec.held_back if _is_dispatch(proposal) else ())
     env = phases.child_env(s.playbook_dir)
     allowed = [s.spec.folder, work]  # what children may import from inside the repository
     control = dict(variants[0], label=CONTROL)
+    screened: dict = {}
+    if proposal.kind == PLAYBOOK and len(candidates) > rules.search.screen_above:
+        t = time.monotonic()
+        screened = _screen(s, variants, contract_dir, work, env, deadline, allowed)
+        phase_s["screen"] = phases.elapsed(t)
+        candidates = [v for v in candidates if v["label"] not in screened]
+        variants = [variants[0]] + candidates
     timer = phases.start_timing(  # it gets ready while the judge runs
         [variants[0], control] + (candidates if proposal.kind != BASELINE else []),
         [sh.as_dict() for sh in shapes], rules, contract=contract_dir,
         tolerance=s.spec.tolerance, headline=s.spec.headline.name,
         ceilings_cache=s.ceilings_cache, work=work, cwd=s.root, env=env,
-        checked=[INCUMBENT] if proposal.kind == BASELINE else None)
+        checked=[INCUMBENT] if proposal.kind == BASELINE else None) if candidates else None
 
     try:
         judged = phases.judge(s.root / state.judge, candidates, cwd=s.root, work=work,
-                              deadline=deadline, stall_s=rules.stall_timeout_s, env=env)
+                              deadline=deadline, stall_s=rules.stall_timeout_s, env=env
+                              ) if candidates else phases.JudgeResult(detail="none left to judge")
     except BaseException:  # Ctrl-C while judging: the waiting worker goes too
         phases.abandon(timer)
         raise
@@ -202,8 +214,9 @@ def run(s: Session, proposal: Proposal) -> dict:
                 best = None
 
     summary = passes[-1] if passes and best is not None else None
-    chosen = next((v for v in variants if v["label"] == best), candidates[0])
-    value = proposal.values[candidates.index(chosen)] if proposal.kind == PLAYBOOK else None
+    chosen = next((v for v in variants if v["label"] == best), (candidates or proposed)[0])
+    value = values.get(chosen["label"]) if proposal.kind == PLAYBOOK else None
+    outcome.update(screened)
     verdict = _verdict(s, proposal, outcome, timing, summary, best, bool(passing),
                        incumbent_knobs)
 
@@ -224,8 +237,7 @@ def run(s: Session, proposal: Proposal) -> dict:
     head_name = s.spec.headline.name
     latency = summary[head_name]["variants"][best]["median_ms"] if summary else None
     knob = proposal.optimization.knob if proposal.optimization else None
-    labels = ({v["label"]: thaw(x) for v, x in zip(candidates, proposal.values)}
-              if proposal.kind == PLAYBOOK else {})
+    labels = {label: thaw(x) for label, x in values.items()} if proposal.kind == PLAYBOOK else {}
     record = {
         "schema": records.SCHEMA, "iteration": iteration, "kind": proposal.kind,
         "optimization": proposal.name, "describe": proposal.describe,
@@ -252,6 +264,37 @@ def run(s: Session, proposal: Proposal) -> dict:
     crashpoint("record", iteration)
     finish(s, record)
     return record
+
+
+def _screen(s: Session, variants: list[dict], contract_dir, work, env, deadline: float,
+            allowed: list) -> dict:
+    """Time every candidate at the headline only, in a few rounds, outputs checked as always;
+    return the outcomes of those that do not go on: all but the [search] screen_keep fastest,
+    and any that failed, crashed or fell off a cliff there."""
+    rules = s.playbook.rules
+    quick = dataclasses.replace(rules, measure=dataclasses.replace(
+        rules.measure, rounds=rules.search.screen_rounds))
+    head = s.spec.headline
+    timing = phases.time_variants(
+        [variants[0], dict(variants[0], label=CONTROL)] + variants[1:], [head.as_dict()], quick,
+        deadline=deadline, cliffs=True, contract=contract_dir, tolerance=s.spec.tolerance,
+        headline=head.name, ceilings_cache=s.ceilings_cache, work=work, cwd=s.root, env=env)
+    labels = [v["label"] for v in variants[1:]]
+    if timing.crashed or not timing.raw:  # keep the most promising, by the proposal's order
+        return {label: (SCREENED, f"not judged: screening failed ({timing.crashed})")
+                for label in labels[rules.search.screen_keep:]}
+    out = {label: (OK, "") for label in labels}
+    _apply_timing(out, timing, PLAYBOOK)
+    _void_if_foreign(s, out, timing.imports, allowed, "kernel code imported {} from outside "
+                     "its folder while screened, which no experiment commits")
+    ratios = phases.summarize_pass(timing.raw["passes"][0])[head.name]["vs_incumbent"]
+    alive = sorted((label for label in labels if out[label][0] == OK and label in ratios),
+                   key=lambda label: ratios[label]["ratio"])
+    keep = rules.search.screen_keep
+    for label in alive[keep:]:
+        out[label] = (SCREENED, f"screened out: {ratios[label]['ratio']:.3f}x the incumbent's "
+                                f"time at {head.name}, behind the {keep} fastest")
+    return {label: o for label, o in out.items() if o[0] != OK}
 
 
 def _void_if_foreign(s: Session, outcome: dict, imported: set, allowed: list, why: str) -> None:

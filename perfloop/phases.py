@@ -182,9 +182,9 @@ def start_timing(variants: list[dict], shapes: list[dict], rules: Rules, *, cont
     return pending
 
 
-def abandon(pending: Pending) -> None:
+def abandon(pending: Pending | None) -> None:
     """Nothing passed the judge: stop the waiting worker."""
-    if pending.attempt:
+    if pending is not None and pending.attempt:
         pending.attempt[1].kill()
         pending.attempt = None
 
@@ -232,10 +232,13 @@ def finish_timing(pending: Pending, labels: list[str], *, deadline: float,
 
 
 def time_variants(variants: list[dict], shapes: list[dict], rules: Rules, *, deadline: float,
-                  select: bool = False, **where) -> Timing:
-    """start_timing and finish_timing in one go, for timings no judge precedes (bench and
-    the confirmation, which compare variants far apart: no cliff drops any of them)."""
-    rules = dataclasses.replace(rules, measure=dataclasses.replace(rules.measure, cliff_ratio=None))
+                  select: bool = False, cliffs: bool = False, **where) -> Timing:
+    """start_timing and finish_timing in one go, for timings no judge precedes. Without
+    `cliffs` (bench and the confirmation, which compare variants far apart) no candidate is
+    dropped for being slow."""
+    if not cliffs:
+        rules = dataclasses.replace(rules, measure=dataclasses.replace(rules.measure,
+                                                                       cliff_ratio=None))
     pending = start_timing(variants, shapes, rules, **where)
     return finish_timing(pending, [v["label"] for v in variants], deadline=deadline,
                          select=select)

@@ -232,3 +232,26 @@ def test_a_candidate_that_fails_to_compile_is_recorded_and_the_others_go_on(scra
     failed = [o for o in rec["outcomes"].values() if o["value"] == "compile-error"]
     assert failed[0]["outcome"] in ("fail", "crash")
     assert rec["status"] == "keep" and rec["value"] == "fine"
+
+
+def test_many_candidates_are_screened_at_the_headline_and_the_fastest_few_go_on(scratch):
+    scratch.add_optimization("many", "occupancy", list(range(1, 13)))
+    scratch.script([{"when": {"occupancy": 7}, "factor": {"*": 0.8}},
+                    {"when": {"occupancy": 5}, "factor": {"*": 0.9}},
+                    {"when": {"occupancy": 3}, "factor": {"*": 15}}])
+    scratch.commit_all("script")
+    assert scratch.cli("init", "--kernel", "scripted")[0] == 0
+    code, out, err = scratch.cli("step", "--kernel", "scripted", "--opt", "many")
+    assert code == 0, err
+    rec = scratch.records()[-1]
+    by_value = {o["value"]: o for o in rec["outcomes"].values()}
+    assert len(by_value) == 12 and rec["phases_s"]["screen"] > 0
+    assert by_value[3]["outcome"] == "slow"
+    judged = sorted(v for v, o in by_value.items() if o["outcome"] == "ok")
+    screened = [v for v, o in by_value.items() if o["outcome"] == "screened"]
+    assert 7 in judged and 5 in judged and len(judged) == 4 and len(screened) == 7
+    assert all("screened out" in by_value[v]["reason"] for v in screened)
+    assert rec["status"] == "keep" and rec["value"] == 7
+    # only the finalists were judged and timed in full
+    assert set(rec["correctness_detail"]["cases"]) == {
+        label for label, o in rec["outcomes"].items() if o["outcome"] == "ok"}
