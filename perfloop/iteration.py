@@ -174,6 +174,11 @@ def run(s: Session, proposal: Proposal) -> dict:
         ceilings_cache=s.ceilings_cache, work=work, cwd=s.root, env=env,
         checked=[INCUMBENT] if proposal.kind == BASELINE else None) if candidates else None
 
+    warm = [variants[0]] + (candidates if proposal.kind != BASELINE else [])
+    warmers = phases.start_warmers(
+        warm, [sh.as_dict() for sh in shapes], processes=rules.compile_processes,
+        contract=contract_dir, work=work, cwd=s.root, env=env
+    ) if s.spec.requires_gpu and candidates else []
     try:
         judged = phases.judge(s.root / state.judge, candidates, cwd=s.root, work=work,
                               deadline=deadline, stall_s=rules.stall_timeout_s, env=env
@@ -181,7 +186,10 @@ def run(s: Session, proposal: Proposal) -> dict:
     except BaseException:  # Ctrl-C while judging: the waiting worker goes too
         phases.abandon(timer)
         raise
+    finally:
+        warmed = phases.stop_warmers(warmers)
     phase_s["correctness"] = judged.wall_s
+    compile_ahead = {"processes": len(warmers), "finished_while_judged": warmed}
     crashpoint("correctness", iteration)
     outcome = {v["label"]: _judged(v["label"], judged) for v in candidates}
     _void_if_foreign(s, outcome, judged.imports, allowed,
@@ -257,7 +265,7 @@ def run(s: Session, proposal: Proposal) -> dict:
                    "method": timing.raw.get("method"), "ceilings": timing.raw.get("ceilings"),
                    "chosen": best, "labels": labels} if summary else None,
         "environment": timing.raw.get("environment") if timing and timing.raw else None,
-        "phases_s": {**phase_s, "total": phases.elapsed(t0)},
+        "phases_s": {**phase_s, "total": phases.elapsed(t0)}, "compile_ahead": compile_ahead,
         "started_at": started, "finished_at": time.time(),
     }
     records.append(s.records_path, record)

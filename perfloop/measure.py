@@ -128,13 +128,15 @@ def warm_up(clock: Clock, fn, warmup_ms: float, give_up_ms: float | None = None)
     """Run until warmup_ms of kernel time has passed; return the typical time of one run.
     Past give_up_ms per run (two runs agreeing), it returns at once: a cliff is plain to see."""
     clock.time_batch(fn, 1)  # first launch: compilation, module load
-    spent, recent = 0.0, []
+    spent, recent, clean = 0.0, [], []
     while spent < warmup_ms or len(recent) < 3:
         sample = clock.time_batch(fn, 1)[0]
         spent += max(sample, 1e-3)
         recent = (recent + [sample])[-5:]
-        if give_up_ms is not None and len(recent) >= 2 and min(recent) > give_up_ms:
-            break
+        if not getattr(clock, "host_bound", None):  # (a host-bound sample holds idle time)
+            clean = (clean + [sample])[-2:]
+        if give_up_ms is not None and len(clean) == 2 and min(clean) > give_up_ms:
+            return min(clean)
     return statistics.median(recent)
 
 
@@ -191,8 +193,9 @@ def alternating(clock: Clock, launchers: dict[str, Callable], settings: Measure,
         on_batch(label)
         launchers[label]()  # first call: compile, load, and any autotuning, outside the host timing
         host[label] = host_us(launchers[label], 10)
-    if hasattr(clock, "pad_us"):
-        clock.pad_us = pad_for([h for hs in host.values() for h in hs])
+    padded = hasattr(clock, "pad_us")
+    if padded:  # warm-up estimates must hold no host time, or a host-heavy launch looks a cliff
+        clock.pad_us = max(pad_for(hs) for hs in host.values())
     estimates, cliffs = {}, {}
     cliff = getattr(settings, "cliff_ratio", None)
     for label in list(labels):
@@ -203,6 +206,8 @@ def alternating(clock: Clock, launchers: dict[str, Callable], settings: Measure,
         if give_up is not None and estimates[label] > give_up:
             cliffs[label] = estimates.pop(label) / estimates[labels[0]]
     labels = [label for label in labels if label not in cliffs]
+    if padded:
+        clock.pad_us = pad_for([h for label in labels for h in host[label]])
     typical = max(statistics.median(estimates.values()), 1e-4)
     reps = int(min(max(settings.round_ms / typical, settings.min_reps), settings.max_reps))
     rounds = {label: [] for label in labels}

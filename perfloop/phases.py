@@ -182,6 +182,31 @@ def start_timing(variants: list[dict], shapes: list[dict], rules: Rules, *, cont
     return pending
 
 
+def start_warmers(variants: list[dict], shapes: list[dict], *, processes: int, contract: Path,
+                  work: Path, cwd: Path, env: dict) -> list:
+    """Up to `processes` children (perfloop.warm) that launch the variants once at every
+    shape, each its share of them, so their compiles land in cuTile's disk cache in parallel
+    while the judge runs. Stop them with stop_warmers."""
+    count = min(processes, len(variants))
+    running = []
+    for i in range(count):
+        tag = nonce()
+        spec = work / f"warm-{tag}.json"
+        write_json(spec, {"contract_folder": str(contract), "shapes": shapes,
+                          "variants": _variants_json(variants[i::count])})
+        running.append(child.start(child.python(cwd, "perfloop.warm", str(spec)),
+                                   log=work / f"warm-{tag}.log", env=env, cwd=cwd))
+    return running
+
+
+def stop_warmers(running: list) -> int:
+    """Stop the warmers; returns how many had finished by then."""
+    done = sum(r.proc.poll() is not None for r in running)
+    for r in running:
+        r.kill()
+    return done
+
+
 def abandon(pending: Pending | None) -> None:
     """Nothing passed the judge: stop the waiting worker."""
     if pending is not None and pending.attempt:

@@ -79,6 +79,7 @@ class Measure:
 class Limits:
     iteration_timeout_s: float = 600.0
     stall_timeout_s: float = 180.0
+    compile_processes: int = 0   # parallel warmers that fill cuTile's cache while judging
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,7 @@ class Rules:
     measure: Measure
     verify: Verify
     search: Search = Search()
+    compile_processes: int = 0
 
 
 @dataclass(frozen=True)
@@ -180,7 +182,8 @@ def rules_from_dict(raw: dict, where: str = "pinned rules") -> Rules:
         return Rules(decision=Decision(**raw["decision"]), stop=Stop(**raw["stop"]),
                      iteration_timeout_s=raw["iteration_timeout_s"],
                      stall_timeout_s=raw["stall_timeout_s"], measure=Measure(**raw["measure"]),
-                     verify=Verify(**raw["verify"]), search=_search(raw.get("search", {})))
+                     verify=Verify(**raw["verify"]), search=_search(raw.get("search", {})),
+                     compile_processes=raw.get("compile_processes", 0))
     except (KeyError, TypeError) as exc:
         raise UserError(f"{where} are incomplete ({exc.__class__.__name__}: {exc}); start a new "
                         "run with --new") from None
@@ -233,6 +236,7 @@ def load(directory: Path) -> Playbook:
         measure=_typed(Measure, rules, "measure", rules_path),
         verify=_typed(Verify, rules, "verify", rules_path),
         search=_search(vars(_typed(Search, rules, "search", rules_path)), rules_path),
+        compile_processes=limits.compile_processes,
     )
     autotune_path = directory / "autotune.toml"
     autotune = read_toml(autotune_path) if autotune_path.exists() else {}

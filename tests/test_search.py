@@ -255,3 +255,31 @@ def test_many_candidates_are_screened_at_the_headline_and_the_fastest_few_go_on(
     # only the finalists were judged and timed in full
     assert set(rec["correctness_detail"]["cases"]) == {
         label for label, o in rec["outcomes"].items() if o["outcome"] == "ok"}
+
+
+def test_warmers_build_and_launch_each_variant_in_their_own_processes(tmp_path):
+    """perfloop.warm, as the iteration starts it for GPU kernels while the judge runs."""
+    import os
+    import time
+
+    from conftest import ROOT, SCRIPTED, pythonpath
+    from perfloop import phases
+
+    dump = tmp_path / "env"
+    dump.mkdir()
+    env = {**os.environ, "PYTHONPATH": pythonpath(), "SCRIPTED_ENV_DUMP": str(dump)}
+    folder = SCRIPTED / "kernel"
+    variants = [{"label": f"v{i}", "folder": folder, "knobs": {"mode": "env", "tile": [1, i]}}
+                for i in range(3)] + [{"label": "hang", "folder": folder, "knobs": {"mode": "hang"}}]
+    shapes = [{"name": "head", "dims": [8], "dtype": "float32"}]
+    running = phases.start_warmers(variants, shapes, processes=2, contract=folder,
+                                   work=tmp_path, cwd=ROOT, env=env)
+    assert len(running) == 2
+    deadline = time.monotonic() + 30
+    while len(list(dump.glob("*.json"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    pids = {p.stem for p in dump.glob("*.json")}
+    assert len(pids) == 2                              # two processes built variants
+    time.sleep(1)
+    assert phases.stop_warmers(running) == 1           # the one with the hanging variant was
+    assert all(r.proc.poll() is not None for r in running)   # still at it, and is stopped
