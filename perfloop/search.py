@@ -47,9 +47,9 @@ def _single_knob(record: dict) -> bool:
 
 
 def dispatch_changes(recs: list[dict], incumbent: str, knobs: dict,
-                     rules: decide.DecisionRules) -> tuple[dict, str] | None:
-    """(the new dispatch table, what it changes) from the last experiment, when some of its
-    values won on some buckets against what is in force now; else None."""
+                     rules: decide.DecisionRules) -> tuple[dict, str, str] | None:
+    """(the new dispatch table, what it changes, the gains that chose it) from the last
+    experiment, when some of its values won on some buckets against what is in force now."""
     if not recs or not _single_knob(recs[-1]):
         return None
     record = recs[-1]
@@ -61,17 +61,18 @@ def dispatch_changes(recs: list[dict], incumbent: str, knobs: dict,
     winners = decide.bucket_winners(first_pass(record), values, in_force, rules)
     current = dispatch.table(knobs)
     knob = record["knob"]
-    changes, said = {}, []
+    changes, said, gains = {}, [], []
     for bucket, (label, gain) in winners.items():
         value = values[label]
         if freeze(current.get(bucket, {}).get(knob)) == freeze(value):
             continue
         changes[bucket] = {knob: value}
-        said.append(f"{knob}={_show(value)} at {bucket} ({100 * gain:.1f}% faster there)")
+        said.append(f"{knob}={_show(value)} at {bucket}")
+        gains.append(f"{100 * gain:.1f}% faster at {bucket}")
     if not changes:
         return None
     table = dispatch.merged(current, changes)
-    return table, "; ".join(said) + f" (from iteration {record['iteration']})"
+    return table, "; ".join(said), (f"{', '.join(gains)} in iteration {record['iteration']}")
 
 
 def _show(value) -> str:

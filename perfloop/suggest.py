@@ -32,9 +32,9 @@ def searches(s: Session, recs: list[dict] | None = None) -> list[decide.Suggesti
     out = []
     found = search.dispatch_changes(recs, s.state.incumbent, knobs, s.playbook.rules.decision)
     if found:
-        table, said = found
+        table, said, why = found
         out.append(decide.Suggestion(search.optimization(search.DISPATCH, (table,)), (table,),
-                                     0, f"won only on some buckets: {said}", describe=said))
+                                     0, f"won only on some buckets: {why}", describe=said))
     rules = s.playbook.rules.search
     if not search.joint_tried_since_keep(recs):
         patches = search.joint_space(recs, knobs, s.spec.headline.name, rules.joint_margin,
