@@ -11,11 +11,9 @@ from __future__ import annotations
 
 from typing import Callable
 
+from perfloop.playbook import freeze
+
 KEY = "dispatch"
-
-
-def _freeze(value):
-    return tuple(_freeze(v) for v in value) if isinstance(value, list) else value
 
 
 def table(knobs: dict) -> dict:
@@ -25,7 +23,7 @@ def table(knobs: dict) -> dict:
 def knobs_for(knobs: dict, bucket: str) -> dict:
     """The plain knobs that hold for `bucket` (without the dispatch table itself)."""
     plain = {k: v for k, v in knobs.items() if k != KEY}
-    plain.update({k: _freeze(v) for k, v in table(knobs).get(bucket, {}).items()})
+    plain.update({k: freeze(v) for k, v in table(knobs).get(bucket, {}).items()})
     return plain
 
 
@@ -42,6 +40,13 @@ def build(knobs: dict, build_one: Callable[[dict], Callable], bucket: Callable) 
         return launches.get(bucket(inputs), default)(inputs, out)
 
     return launch
+
+
+def row_bucket(inputs) -> str:
+    """A bucket for row-wise kernels: the first input's dtype and its row width rounded up to a
+    power of two, e.g. "bfloat16/n4096"."""
+    n = inputs[0].shape[-1]
+    return f"{str(inputs[0].dtype).removeprefix('torch.')}/n{1 << max(n - 1, 0).bit_length()}"
 
 
 def merged(current: dict, changes: dict) -> dict:

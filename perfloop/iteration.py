@@ -70,7 +70,7 @@ def _setting(knob: str, value) -> str:
     """knob=value, or for a patch of several knobs (joint search) each of them."""
     if knob == search.MULTI:
         return search.show_patch(value)
-    return f"{knob}={_show(value)}"
+    return f"{knob}={search.show_value(value)}"
 
 
 def _patch(opt: Optimization, value) -> dict:
@@ -78,12 +78,6 @@ def _patch(opt: Optimization, value) -> dict:
     if opt.knob == search.MULTI:
         return {k: freeze(v) for k, v in value.items()}
     return {opt.knob: value}
-
-
-def _show(value) -> str:
-    if isinstance(value, list):
-        return "x".join(str(v) for v in value)
-    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _variants(s: Session, proposal: Proposal, incumbent_dir, incumbent_knobs) -> list[dict]:

@@ -67,7 +67,7 @@ def dispatch_changes(recs: list[dict], incumbent: str, knobs: dict,
         if freeze(current.get(bucket, {}).get(knob)) == freeze(value):
             continue
         changes[bucket] = {knob: value}
-        said.append(f"{knob}={_show(value)} at {bucket}")
+        said.append(f"{knob}={show_value(value)} at {bucket}")
         gains.append(f"{100 * gain:.1f}% faster at {bucket}")
     if not changes:
         return None
@@ -75,14 +75,14 @@ def dispatch_changes(recs: list[dict], incumbent: str, knobs: dict,
     return table, "; ".join(said), (f"{', '.join(gains)} in iteration {record['iteration']}")
 
 
-def _show(value) -> str:
+def show_value(value) -> str:
     if isinstance(value, (list, tuple)):
         return "x".join(str(v) for v in value)
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def show_patch(patch: dict) -> str:
-    return ", ".join(f"{k}={_show(v)}" for k, v in patch.items())
+    return ", ".join(f"{k}={show_value(v)}" for k, v in patch.items())
 
 
 def _measured(recs: list[dict], headline: str) -> dict[str, dict]:

@@ -283,3 +283,13 @@ def test_warmers_build_and_launch_each_variant_in_their_own_processes(tmp_path):
     time.sleep(1)
     assert phases.stop_warmers(running) == 1           # the one with the hanging variant was
     assert all(r.proc.poll() is not None for r in running)   # still at it, and is stopped
+
+
+def test_row_bucket_is_the_dtype_and_the_row_widths_power_of_two():
+    class T:
+        def __init__(self, dtype, shape):
+            self.dtype, self.shape = dtype, shape
+
+    assert dispatch.row_bucket((T("torch.bfloat16", (16384, 4096)),)) == "bfloat16/n4096"
+    assert dispatch.row_bucket((T("torch.float32", (2, 2048, 5000)),)) == "float32/n8192"
+    assert dispatch.row_bucket((T("torch.float16", (7, 1)),)) == "float16/n1"

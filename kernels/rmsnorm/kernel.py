@@ -147,10 +147,7 @@ def build(knobs: dict):
     return dispatch.build(knobs, _build_one, bucket)
 
 
-def bucket(inputs) -> str:
-    """The dispatch key of a call: the dtype and the row width rounded up to a power of two."""
-    n = inputs[0].shape[-1]
-    return f"{str(inputs[0].dtype).removeprefix('torch.')}/n{1 << max(n - 1, 0).bit_length()}"
+bucket = dispatch.row_bucket   # the dispatch key: dtype and row width's power of two
 
 
 def _build_one(knobs: dict):
