@@ -1,5 +1,7 @@
-"""The device's ceilings, measured once per device and cached in sandbox/: copy bandwidth
-(bytes read plus written by a large device-to-device copy) and bf16 matrix throughput."""
+"""The device's ceilings: copy bandwidth (bytes read plus written by a large device-to-device
+copy) and bf16 matrix throughput, measured once per device and cached in sandbox/; and the
+tensor cores' peak, from the architecture's rate per SM and clock. The floor of a kernel's time
+uses the peak, not the measured matmul: a matmul that beats cuBLAS is not a broken measurement."""
 
 from __future__ import annotations
 
@@ -12,6 +14,11 @@ from perfloop.measure import CudaClock
 
 
 COPY_BYTES, MATMUL_N = 1 << 30, 8192
+# Dense bf16/fp16 tensor-core FLOPs per SM per clock, from NVIDIA's published peaks: A100 312
+# TFLOP/s = 108 SMs x 1410 MHz x 2048; H100 SXM 989 TFLOP/s = 132 SMs x 1830 MHz x 4096;
+# B200 2250 TFLOP/s = 148 SMs x 1860 MHz x 8192 (about). At the GPU's maximum SM clock this is
+# a rate no kernel can exceed.
+TENSOR_FLOPS_PER_SM_CLOCK = {"sm_80": 2048, "sm_90": 4096, "sm_100": 8192}
 
 
 def _median_ms(clock: CudaClock, fn, reps: int) -> float:
@@ -50,15 +57,27 @@ def device_key(env: dict) -> str:
             f"|clock v{CLOCK_VERSION}")
 
 
+def peak_tensor_tflops(env: dict) -> float | None:
+    """SMs x maximum SM clock x the architecture's dense bf16 rate; None when a fact is missing."""
+    rate = TENSOR_FLOPS_PER_SM_CLOCK.get(env.get("sm") or "")
+    try:
+        clock_mhz, sms = float(env["clock_sm_max"]), int(env["sm_count"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return rate * sms * clock_mhz * 1e6 / 1e12 if rate else None
+
+
 def get(cache: Path, env: dict, clock: CudaClock) -> dict:
     known = json.loads(cache.read_text()) if cache.exists() else {}
     key = device_key(env)
     if key not in known:
         known[key] = _measure(clock)
         write_json(cache, known)
-    return {**known[key], "device": key}
+    return {**known[key], "peak_tensor_tflops": peak_tensor_tflops(env), "device": key}
 
 
 def floor_ms(bytes_moved: float, flops: float, ceilings: dict) -> float:
-    return max(bytes_moved / (ceilings["copy_gbps"] * 1e6),
-               flops / (ceilings["bf16_tflops"] * 1e9))
+    """The time no kernel can beat: its bytes at the copy bandwidth, or its FLOPs at the tensor
+    cores' peak (the measured bf16 matmul where the peak is unknown)."""
+    tflops = ceilings.get("peak_tensor_tflops") or ceilings["bf16_tflops"]
+    return max(bytes_moved / (ceilings["copy_gbps"] * 1e6), flops / (tflops * 1e9))

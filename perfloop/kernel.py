@@ -12,7 +12,8 @@ A kernel folder holds
                device), empty_output(inputs), reference(*inputs), traffic(shape) -> (bytes,
                flops), optionally DEVICE and Clock (CPU-timed kernels); optionally
                compile_ahead(knobs, shapes, arch) for `perfloop check`; optionally
-               bucket(inputs) -> str, the key of per-shape dispatch (perfloop.dispatch).
+               bucket(inputs) -> str, the key of per-shape dispatch (perfloop.dispatch);
+               optionally competitors() -> {name: fn(*inputs)}, timed by `perfloop bench`.
 README.md ("Writing a kernel") documents it for users.
 """
 

@@ -183,8 +183,12 @@ class Worker:
 
     def _torch_launcher(self, kind: str):
         """PyTorch's own version (bench): eager, or torch.compile made fresh for each shape
-        with dynamic=False, as a user would compile it for a fixed shape."""
+        with dynamic=False, as a user would compile it for a fixed shape; or one of the
+        kernel's other competitors (e.g. a Triton kernel)."""
         reference = self.contract.reference
+        if kind.startswith("competitor:"):  # the kernel's own list (contract's competitors())
+            other = self.contract.competitors()[kind.removeprefix("competitor:")]
+            return lambda inputs, out: other(*inputs)
         if kind == "eager":
             return lambda inputs, out: reference(*inputs)
         import torch

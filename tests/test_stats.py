@@ -24,3 +24,18 @@ def test_paired_rounds_cancel_drift_that_hits_both_variants():
 def test_noise_of_a_control_is_its_deviation_or_its_halfwidth():
     assert abs(stats.noise_of(stats.Comparison(1.004, 1.001, 1.006)) - 0.004) < 1e-12
     assert abs(stats.noise_of(stats.Comparison(1.0, 0.99, 1.01)) - 0.01) < 1e-12
+
+
+def test_floor_uses_the_tensor_peak_so_a_matmul_faster_than_cublas_is_not_broken():
+    from perfloop import ceilings
+
+    env = {"sm": "sm_90", "sm_count": 132, "clock_sm_max": "1980"}
+    peak = ceilings.peak_tensor_tflops(env)
+    assert abs(peak - 132 * 1980e6 * 4096 / 1e12) < 1e-9
+    measured = {"copy_gbps": 3000.0, "bf16_tflops": 772.0, "peak_tensor_tflops": peak}
+    flops = 2 * 4096 ** 3
+    # cuBLAS's own time (178 us) is above the floor, not at it
+    assert ceilings.floor_ms(0, flops, measured) < flops / 772e9
+    assert ceilings.floor_ms(0, flops, {**measured, "peak_tensor_tflops": None}) == flops / 772e9
+    assert ceilings.peak_tensor_tflops({"sm": "sm_75", "sm_count": 40, "clock_sm_max": "1500"}) is None
+    assert ceilings.peak_tensor_tflops({"sm": "sm_90", "clock_sm_max": "[N/A]", "sm_count": 1}) is None

@@ -9,8 +9,9 @@ from perfloop.worker import CONTROL, INCUMBENT
 
 HELP = "the kernel against PyTorch eager and torch.compile on the same inputs, in one process"
 DESCRIPTION = """\
-Times the kernel as it is in its folder, PyTorch eager (the kernel's reference) and
-torch.compile of it (compiled for each shape with dynamic=False), on every benchmark shape, in
+Times the kernel as it is in its folder, PyTorch eager (the kernel's reference), torch.compile
+of it (compiled for each shape with dynamic=False) and the kernel's other competitors (its
+kernel.py's competitors(), e.g. a Triton kernel), on every benchmark shape, in
 alternating rounds in one child process, with the same clock as the loop (CUDA events, L2
 flushed by a read, a sleep kernel ahead of each call so host time stays out of device time,
 medians with 95% intervals). The kernel's timed outputs are checked against the reference.
@@ -39,6 +40,10 @@ def execute(args):
     variants = [{**base, "label": INCUMBENT}, {**base, "label": CONTROL},
                 {**base, "label": "torch-compile", "torch": "compile"},
                 {**base, "label": "torch-eager", "torch": "eager"}]
+    # the kernel's own competitors (its contract's competitors(): e.g. a Triton kernel)
+    others = sorted(module.competitors()) if hasattr(module, "competitors") else []
+    variants += [{**base, "label": name, "torch": f"competitor:{name}"} for name in others]
+    labels = {**LABELS, **{name: name for name in others}}
     work = s.work / f"bench-{int(time.time())}-{phases.nonce()}"
     work.mkdir(parents=True, exist_ok=True)
     rules = s.playbook.rules
@@ -50,14 +55,14 @@ def execute(args):
         env=phases.child_env(s.playbook_dir), checked=[INCUMBENT])
     failed = {} if timing.crashed else (timing.raw.get("failed") or {})
     if timing.crashed or failed or timing.excluded:
-        why = timing.crashed or "; ".join(f"{LABELS.get(k, k)}: {v['reason']}"
+        why = timing.crashed or "; ".join(f"{labels.get(k, k)}: {v['reason']}"
                                          for k, v in {**failed, **timing.excluded}.items())
         return {"error": why, "exit_code": 1}
     summary = phases.summarize_pass(timing.raw["passes"][0], ceiling=timing.raw.get("ceilings"))
     rows = []
     for name, shape in summary.items():
         ours = shape["variants"][INCUMBENT]["median_ms"]
-        for label, shown in LABELS.items():
+        for label, shown in labels.items():
             v = shape["variants"][label]
             rows.append({"shape": name, "variant": shown, "median_ms": v["median_ms"],
                          "ci_low_ms": v["ci_low_ms"], "ci_high_ms": v["ci_high_ms"],

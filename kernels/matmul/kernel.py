@@ -1,0 +1,210 @@
+"""cuTile matmul, C = A @ B for bf16 and fp16 A (M, K) and B (K, N), float32 accumulation.
+
+Every knob in knobs.json is a compile-time constant or a kernel hint:
+  tile             [tm, tn, tk]: C's tile per block and the K step of its loop
+  group            grouped block order: blocks walk GROUP rows of C tiles column by column,
+                   so consecutive blocks share B's tiles in L2 (null: row-major order)
+  num_ctas         hint, CTAs per cluster (null: the compiler's choice)
+  occupancy        hint, blocks per SM (null: the compiler's choice)
+  persistent       grid of SM count x occupancy blocks striding over C's tiles
+  latency          latency hint on the loads of A and B (null: none)
+  load_allow_tma   allow_tma on the loads of A and B (null: the compiler's choice)
+  store_allow_tma  allow_tma on the store of C (null: the compiler's choice)
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import json
+from pathlib import Path
+
+import cuda.tile as ct
+import torch
+
+from perfloop import dispatch
+
+ZERO = ct.PaddingMode.ZERO
+PERSISTENT_OCCUPANCY = 1  # blocks per SM of a persistent grid when occupancy is unset
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+KNOBS = Path(__file__).resolve().parent / "knobs.json"
+SMALL_M = 256             # the dispatch buckets: skinny products (M <= 256) and the rest
+
+
+def _hint(value: int):
+    """-1/0/1 constants for null/false/true hints."""
+    return None if value < 0 else value == 1
+
+
+def _tile_of(t, tiles_m, tiles_n, GROUP: int):
+    """The (row, column) of C's tile number t: row-major, or grouped by GROUP tile rows."""
+    if GROUP > 0:
+        per_group = GROUP * tiles_n
+        first = (t // per_group) * GROUP
+        rows = min(tiles_m - first, GROUP)
+        return first + (t % per_group) % rows, (t % per_group) // rows
+    return t // tiles_n, t % tiles_n
+
+
+def _product(A, B, C, bm, bn, TM: int, TN: int, TK: int, LAT: int, LTMA: int, STMA: int):
+    acc = ct.full((TM, TN), 0.0, dtype=ct.float32)
+    for k in range(ct.cdiv(A.shape[1], TK)):
+        a = ct.load(A, (bm, k), (TM, TK), padding_mode=ZERO,
+                    latency=LAT if LAT > 0 else None, allow_tma=_hint(LTMA))
+        b = ct.load(B, (k, bn), (TK, TN), padding_mode=ZERO,
+                    latency=LAT if LAT > 0 else None, allow_tma=_hint(LTMA))
+        acc = ct.mma(a, b, acc)
+    ct.store(C, (bm, bn), ct.astype(acc, C.dtype), allow_tma=_hint(STMA))
+
+
+def matmul_kernel(A, B, C, TM: ct.Constant[int], TN: ct.Constant[int], TK: ct.Constant[int],
+                  GROUP: ct.Constant[int], PERSIST: ct.Constant[bool], LAT: ct.Constant[int],
+                  LTMA: ct.Constant[int], STMA: ct.Constant[int]):
+    """One block per (TM, TN) tile of C, or a grid-stride loop over them when PERSIST; tiles
+    past M, N or K read zeros and store only what lies inside C."""
+    tiles_m = ct.cdiv(A.shape[0], TM)
+    tiles_n = ct.cdiv(B.shape[1], TN)
+    if PERSIST:
+        for t in range(ct.bid(0), tiles_m * tiles_n, ct.num_blocks(0)):
+            bm, bn = _tile_of(t, tiles_m, tiles_n, GROUP)
+            _product(A, B, C, bm, bn, TM, TN, TK, LAT, LTMA, STMA)
+    else:
+        bm, bn = _tile_of(ct.bid(0), tiles_m, tiles_n, GROUP)
+        _product(A, B, C, bm, bn, TM, TN, TK, LAT, LTMA, STMA)
+
+
+@functools.cache
+def kernel_object(occupancy: int | None, num_ctas: int | None):
+    """One kernel object per set of hints; never rebuilt on the launch path."""
+    hints = {k: v for k, v in (("occupancy", occupancy), ("num_ctas", num_ctas)) if v is not None}
+    return ct.kernel(matmul_kernel, **hints)
+
+
+def _constants(knobs: dict) -> tuple:
+    tma = {None: -1, False: 0, True: 1}
+    tm, tn, tk = knobs["tile"]
+    return (tm, tn, tk, knobs["group"] or 0, bool(knobs["persistent"]), knobs["latency"] or 0,
+            tma[knobs["load_allow_tma"]], tma[knobs["store_allow_tma"]])
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def grid(knobs: dict, m: int, n: int, device) -> tuple[int]:
+    tm, tn, _ = knobs["tile"]
+    tiles = -(-m // tm) * -(-n // tn)
+    if not knobs["persistent"]:
+        return (tiles,)
+    per_sm = knobs["occupancy"] or PERSISTENT_OCCUPANCY
+    return (min(tiles, _sm_count(device.index or 0) * per_sm),)
+
+
+def build(knobs: dict):
+    """launch((a, b), c) for these knob values; c is (M, N) in a's dtype.
+    Values in knobs.json's "dispatch" table hold only for their bucket of inputs (bucket)."""
+    return dispatch.build(knobs, _build_one, bucket)
+
+
+def bucket(inputs) -> str:
+    """The dispatch key: dtype, and whether M is small enough that B's traffic dominates."""
+    a = inputs[0]
+    size = "small-m" if a.shape[0] <= SMALL_M else "large-m"
+    return f"{str(a.dtype).removeprefix('torch.')}/{size}"
+
+
+def _build_one(knobs: dict):
+    kern = kernel_object(knobs["occupancy"], knobs["num_ctas"])
+    consts = _constants(knobs)
+
+    def launch(inputs, out):
+        a, b = inputs
+        ct.launch(torch.cuda.current_stream(), grid(knobs, a.shape[0], b.shape[1], a.device),
+                  kern, (a, b, out, *consts))
+        return out
+
+    return launch
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, knobs: dict | None = None) -> torch.Tensor:
+    """a @ b with the committed knob values (or the given ones)."""
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
+        raise ValueError("a must be (M, K) and b (K, N)")
+    if a.dtype != b.dtype or a.dtype not in DTYPES.values():
+        raise ValueError("a and b must both be bfloat16 or both float16")
+    a, b = a.contiguous(), b.contiguous()
+    out = torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
+    _launcher(_frozen(knobs))((a, b), out)
+    return out
+
+
+def _frozen(knobs: dict | None) -> str | None:
+    return None if knobs is None else json.dumps(knobs, sort_keys=True)
+
+
+@functools.cache
+def _launcher(text: str | None):
+    knobs = json.loads(KNOBS.read_text() if text is None else text)
+    return build({k: tuple(v) if isinstance(v, list) else v for k, v in knobs.items()})
+
+
+# ---- the plug-in contract ------------------------------------------------------------------
+# A shape's dims are [M, N, K].
+def make_inputs(shape, seed: int, device):
+    """A ~ N(0, 1) and B ~ N(0, 1) / sqrt(K), so C's entries are about N(0, 1) at every K and
+    one tolerance per dtype fits every shape."""
+    m, n, k = shape.dims
+    g = torch.Generator(device=device).manual_seed(seed)
+    dtype = DTYPES[shape.dtype]
+    a = torch.randn((m, k), generator=g, dtype=torch.float32, device=device)
+    b = torch.randn((k, n), generator=g, dtype=torch.float32, device=device) / k ** 0.5
+    return a.to(dtype), b.to(dtype)
+
+
+def empty_output(inputs):
+    a, b = inputs
+    return torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
+
+
+def reference(a, b):
+    """torch.matmul in the inputs' dtype (cuBLAS on a GPU): the competitor in `perfloop bench`."""
+    return torch.matmul(a, b)
+
+
+def traffic(shape) -> tuple[int, int]:
+    """Bytes that must move (read A and B once, write C) and tensor-core FLOPs (2 M N K)."""
+    m, n, k = shape.dims
+    return (m * k + k * n + m * n) * DTYPES[shape.dtype].itemsize, 2 * m * n * k
+
+
+def competitors() -> dict:
+    """Other implementations `perfloop bench` times beside PyTorch's, {name: fn(a, b) -> c}:
+    a Triton matmul where Triton is installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("triton") is None:
+        return {}
+    path = Path(__file__).resolve().parent / "triton_matmul.py"
+    spec = importlib.util.spec_from_file_location(f"matmul_triton_{id(path)}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return {"triton": module.triton_matmul}
+
+
+def compile_ahead(knobs: dict, shapes, arch: str) -> None:
+    """Compile this variant for every dtype of `shapes` with tileiras, no GPU needed."""
+    from cuda.tile.compilation import (ArrayConstraint, CallingConvention, KernelSignature,
+                                       export_kernel)
+
+    signatures = []
+    for dtype in sorted({s.dtype for s in shapes}):
+        array = ArrayConstraint(getattr(ct, dtype), 2, index_dtype=ct.int32,
+                                stride_lower_bound_incl=0, alias_groups=(),
+                                may_alias_internally=False, stride_constant=(None, 1),
+                                base_addr_divisible_by=16)
+        signatures.append(KernelSignature([array] * 3 + list(_constants(knobs)),
+                                          CallingConvention.cutile_python_v1())
+                          .with_mangled_symbol(matmul_kernel.__name__))
+    export_kernel(kernel_object(knobs["occupancy"], knobs["num_ctas"]), signatures,
+                  io.BytesIO(), gpu_code=arch, output_format="cubin")
