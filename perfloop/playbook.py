@@ -63,6 +63,7 @@ class Search:
     screen_above: int = 8           # an experiment with more candidates is screened first:
     screen_keep: int = 4            # timed at the headline only, the fastest few go on
     screen_rounds: int = 3
+    dispatch: bool = True           # false: no per-bucket dispatch (one-knob steps and joint only)
 
 
 @dataclass(frozen=True)

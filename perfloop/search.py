@@ -103,21 +103,36 @@ def _measured(recs: list[dict], headline: str) -> dict[str, dict]:
     return out
 
 
+def _cliffs(recs: list[dict]) -> dict[str, list]:
+    """{knob: values dropped as cliffs (outcome slow)} in the latest one-knob step of each
+    knob: a value that spills alone may run well beside a knob it interacts with (a large tile
+    with num_ctas 2)."""
+    out: dict[str, list] = {}
+    for record in recs:
+        if record["kind"] == "playbook" and record.get("knob") not in (None, dispatch.KEY, MULTI):
+            out[record["knob"]] = [freeze(o["value"]) for o in (record.get("outcomes") or {}).values()
+                                   if o.get("outcome") == "slow"]
+    return out
+
+
 def joint_space(recs: list[dict], knobs: dict, headline: str, margin: float,
                 max_configs: int, interactions: list) -> list[dict]:
     """Patches {knob: value} over the incumbent's knobs that move two knobs or more, the most
-    promising first (by the product of the one-knob ratios), at most max_configs; empty unless
-    two knobs or more have a value besides the incumbent's worth measuring together."""
+    promising first (by the product of the one-knob ratios; a cliff counts as no change), at
+    most max_configs; empty unless two knobs or more have a value besides the incumbent's
+    worth measuring together."""
     measured = _measured(recs, headline)
     space: dict[str, list] = {}
     for knob, ratios in measured.items():
         best = min(ratios.values())
         near = [v for v, r in ratios.items() if r <= best * (1 + margin)]
         space[knob] = near
+    cliffs = _cliffs(recs)
     for a, b in interactions:  # a knob that interacts with one in the space joins with all
-        for x, y in ((a, b), (b, a)):  # its measured values
-            if x in space and len(space[x]) > 1 and y in measured:
-                space[y] = list(measured[y])
+        for x, y in ((a, b), (b, a)):  # its measured values, and so do x's cliffs
+            if x in space and y in measured and (len(space[x]) > 1 or cliffs.get(x)):
+                space[x] = list(dict.fromkeys([*space[x], *cliffs.get(x, [])]))
+                space[y] = list(dict.fromkeys([*space.get(y, []), *measured[y]]))
     for knob in list(space):
         if knob not in knobs:
             del space[knob]

@@ -30,7 +30,8 @@ def searches(s: Session, recs: list[dict] | None = None) -> list[decide.Suggesti
     recs = s.records() if recs is None else recs
     knobs = s.incumbent_knobs()
     out = []
-    found = search.dispatch_changes(recs, s.state.incumbent, knobs, s.playbook.rules.decision)
+    found = s.playbook.rules.search.dispatch and search.dispatch_changes(
+        recs, s.state.incumbent, knobs, s.playbook.rules.decision)
     if found:
         table, said, why = found
         out.append(decide.Suggestion(search.optimization(search.DISPATCH, (table,)), (table,),

@@ -107,6 +107,20 @@ def test_joint_space_holds_the_near_best_values_of_two_knobs_or_more_and_no_sing
     assert search.joint_space(recs[:1], knobs, "head", 0.03, 30, []) == []
 
 
+def test_a_cliff_joins_the_joint_space_beside_the_knob_it_interacts_with():
+    # a large tile spilled alone (dropped as a cliff); num_ctas 2 lost alone: measured together
+    tiles = _step("tile", [64, 64, 32], {(128, 128, 64): 0.34})
+    tiles["outcomes"] = {"c0": {"outcome": "ok", "value": [128, 128, 64]},
+                         "c1": {"outcome": "slow", "value": [128, 256, 64]}}
+    recs = [tiles, _step("num_ctas", None, {2: 1.8, 4: 2.5}, iteration=2)]
+    knobs = {"tile": (128, 128, 64), "num_ctas": None}
+    patches = search.joint_space(recs, knobs, "head", 0.03, 30, [("tile", "num_ctas")])
+    assert {"tile": [128, 256, 64], "num_ctas": 2} in patches
+    assert {"tile": [128, 256, 64], "num_ctas": 4} in patches
+    # without the interaction, neither knob has a second value worth measuring together
+    assert search.joint_space(recs, knobs, "head", 0.03, 30, []) == []
+
+
 # ---- stop rules -----------------------------------------------------------------------------
 STOP = Stop(no_improvement_streak=2, max_iterations=25, roofline_share=0.92)
 KEEP = decide.Verdict("keep", "PASS", "10% faster", 0.1, improved=True)
@@ -191,6 +205,18 @@ def test_a_value_that_wins_only_on_some_buckets_is_kept_there_by_a_dispatch(scra
     assert rec["correctness"] == "PASS" and rec["correctness_detail"]["passed"]
     assert "dispatch: tile=1x2048 at big" in scratch.table()
     # nothing more to dispatch: the same split is not proposed twice
+    code, out, _ = scratch.cli("step", "--kernel", "scripted", "--opt", "dispatch")
+    assert code == 2 and "no dispatch experiment" in out["error"]
+
+
+def test_rules_can_turn_dispatch_off(scratch):
+    scratch.script(SPLIT)
+    scratch.rules(dispatch="false")
+    scratch.commit_all("script, no dispatch")
+    assert scratch.cli("init", "--kernel", "scripted")[0] == 0
+    assert scratch.cli("step", "--kernel", "scripted", "--opt", "tile_shape")[0] == 0
+    code, out, _ = scratch.cli("next", "--kernel", "scripted")
+    assert code == 0 and "dispatch" not in [sg["id"] for sg in out["suggestions"]]
     code, out, _ = scratch.cli("step", "--kernel", "scripted", "--opt", "dispatch")
     assert code == 2 and "no dispatch experiment" in out["error"]
 
