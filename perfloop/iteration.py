@@ -73,13 +73,6 @@ def _setting(knob: str, value) -> str:
     return f"{knob}={search.show_value(value)}"
 
 
-def _patch(opt: Optimization, value) -> dict:
-    """The knobs one candidate value of `opt` sets."""
-    if opt.knob == search.MULTI:
-        return {k: freeze(v) for k, v in value.items()}
-    return {opt.knob: value}
-
-
 def _variants(s: Session, proposal: Proposal, incumbent_dir, incumbent_knobs) -> list[dict]:
     incumbent = {"label": INCUMBENT, "folder": incumbent_dir, "knobs": incumbent_knobs}
     if proposal.kind == BASELINE:
@@ -88,8 +81,13 @@ def _variants(s: Session, proposal: Proposal, incumbent_dir, incumbent_knobs) ->
         return [incumbent, {"label": label_for(0), "folder": s.spec.folder,
                             "knobs": s.spec.read_knobs()}]
     opt = proposal.optimization
+    if opt.knob == search.MULTI:  # a joint patch holds where the headline runs
+        bucket = search.headline_bucket(s.records(), s.spec.headline.name)
+        return [incumbent] + [{"label": label_for(i), "folder": s.spec.folder,
+                               "knobs": search.apply_joint(incumbent_knobs, v, bucket)}
+                              for i, v in enumerate(proposal.values)]
     return [incumbent] + [{"label": label_for(i), "folder": s.spec.folder,
-                           "knobs": {**incumbent_knobs, **_patch(opt, v)}}
+                           "knobs": {**incumbent_knobs, opt.knob: v}}
                           for i, v in enumerate(proposal.values)]
 
 

@@ -115,13 +115,38 @@ def _cliffs(recs: list[dict]) -> dict[str, list]:
     return out
 
 
+def apply_joint(knobs: dict, patch: dict, bucket: str | None) -> dict:
+    """The knobs with a joint patch in force at the headline: a knob that the headline's bucket
+    dispatches is patched in that bucket's entry (the plain value would not reach it), any
+    other in the plain knobs."""
+    table = dispatch.table(knobs)
+    entry = table.get(bucket or "", {})
+    plain = {k: freeze(v) for k, v in patch.items() if k not in entry}
+    routed = {k: thaw(v) for k, v in patch.items() if k in entry}
+    out = {**knobs, **plain}
+    if routed:
+        out[dispatch.KEY] = dispatch.merged(table, {bucket: routed})
+    return out
+
+
+def headline_bucket(recs: list[dict], headline: str) -> str | None:
+    for record in reversed(recs):
+        shape = ((record.get("timing") or {}).get("shapes") or {}).get(headline) or {}
+        if shape.get("bucket") is not None:
+            return shape["bucket"]
+    return None
+
+
 def joint_space(recs: list[dict], knobs: dict, headline: str, margin: float,
                 max_configs: int, interactions: list) -> list[dict]:
-    """Patches {knob: value} over the incumbent's knobs that move two knobs or more, the most
-    promising first (by the product of the one-knob ratios; a cliff counts as no change), at
-    most max_configs; empty unless two knobs or more have a value besides the incumbent's
-    worth measuring together."""
+    """Patches {knob: value} over the incumbent's plain knobs that move two knobs or more from
+    what is in force at the headline (its bucket's dispatch included), the most promising
+    first (by the product of the one-knob ratios), at most max_configs; empty unless two knobs
+    or more have a value besides the incumbent's worth measuring together. A value dropped as
+    a cliff comes only beside a moved knob it interacts with, and that pair counts as no
+    change in the ranking (one-knob ratios say nothing about a pair that interacts)."""
     measured = _measured(recs, headline)
+    in_force = dispatch.knobs_for(knobs, headline_bucket(recs, headline) or "")
     space: dict[str, list] = {}
     for knob, ratios in measured.items():
         best = min(ratios.values())
@@ -134,28 +159,37 @@ def joint_space(recs: list[dict], knobs: dict, headline: str, margin: float,
                 space[x] = list(dict.fromkeys([*space[x], *cliffs.get(x, [])]))
                 space[y] = list(dict.fromkeys([*space.get(y, []), *measured[y]]))
     for knob in list(space):
-        if knob not in knobs:
+        if knob not in in_force:
             del space[knob]
             continue
-        current = freeze(knobs[knob])
+        current = freeze(in_force[knob])
         space[knob] = list(dict.fromkeys([current, *space[knob]]))
         if len(space[knob]) < 2:
             del space[knob]
     if len(space) < 2:
         return []
     names = sorted(space)
+    partners = {n: {y for a, b in interactions for x, y in ((a, b), (b, a)) if x == n}
+                for n in names}
 
-    def predicted(combo) -> float:
-        here = [measured[k].get(v, 1.0) / measured[k].get(freeze(knobs[k]), 1.0)
-                for k, v in zip(names, combo)]
-        return math.prod(here)
+    def moved(combo) -> dict:
+        return {k: v for k, v in zip(names, combo) if v != freeze(in_force[k])}
+
+    def unpaired_cliff(change: dict) -> bool:
+        return any(v in cliffs.get(k, ()) and not partners[k] & set(change)
+                   for k, v in change.items())
+
+    def predicted(change: dict) -> float:
+        paired = {p for k, v in change.items() if v in cliffs.get(k, ())
+                  for p in partners[k] & set(change)}
+        return math.prod(measured[k].get(v, 1.0) / measured[k].get(freeze(in_force[k]), 1.0)
+                         for k, v in change.items() if k not in paired)
 
     # one knob moved alone was measured by its own step: only combinations are new
-    combos = [c for c in itertools.product(*(space[k] for k in names))
-              if sum(v != freeze(knobs[k]) for k, v in zip(names, c)) >= 2]
-    combos.sort(key=predicted)
-    return [{k: thaw(v) for k, v in zip(names, c) if v != freeze(knobs[k])}
-            for c in combos[:max_configs]]
+    changes = [c for c in map(moved, itertools.product(*(space[k] for k in names)))
+               if len(c) >= 2 and not unpaired_cliff(c)]
+    changes.sort(key=predicted)
+    return [{k: thaw(v) for k, v in c.items()} for c in changes[:max_configs]]
 
 
 def joint_tried_since_keep(recs: list[dict]) -> bool:

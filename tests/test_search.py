@@ -115,10 +115,36 @@ def test_a_cliff_joins_the_joint_space_beside_the_knob_it_interacts_with():
     recs = [tiles, _step("num_ctas", None, {2: 1.8, 4: 2.5}, iteration=2)]
     knobs = {"tile": (128, 128, 64), "num_ctas": None}
     patches = search.joint_space(recs, knobs, "head", 0.03, 30, [("tile", "num_ctas")])
-    assert {"tile": [128, 256, 64], "num_ctas": 2} in patches
-    assert {"tile": [128, 256, 64], "num_ctas": 4} in patches
+    # the cliff comes only with num_ctas moved, and those pairs rank first: num_ctas's poor
+    # one-knob ratios say nothing about it beside a tile it interacts with
+    assert patches[:2] == [{"num_ctas": 2, "tile": [128, 256, 64]},
+                           {"num_ctas": 4, "tile": [128, 256, 64]}]
+    assert all(p.get("tile") != [128, 256, 64] or "num_ctas" in p for p in patches)
     # without the interaction, neither knob has a second value worth measuring together
     assert search.joint_space(recs, knobs, "head", 0.03, 30, []) == []
+
+
+def test_the_joint_search_starts_from_what_is_in_force_at_the_headline():
+    # group 8 and persistent are already dispatched to the headline's bucket: proposing them
+    # again over the plain knobs would change only the other buckets
+    group = _step("group", None, {8: 0.92, 4: 0.93})
+    persistent = _step("persistent", False, {True: 0.91}, iteration=2)
+    occupancy = _step("occupancy", None, {1: 0.999, 2: 1.001}, iteration=3)
+    for r in (group, persistent, occupancy):
+        r["timing"]["shapes"]["head"]["bucket"] = "bf16/large"
+    knobs = {"group": None, "persistent": False, "occupancy": None,
+             "dispatch": {"bf16/large": {"group": 8, "persistent": True}}}
+    patches = search.joint_space([group, persistent, occupancy], knobs, "head", 0.03, 30, [])
+    assert {"group": 8, "persistent": True} not in patches
+    assert all(sum(p.get(k) != v for k, v in (("group", 8), ("persistent", True),
+                                             ("occupancy", None))) >= 2 for p in patches)
+    assert {"group": 4, "occupancy": 1} in patches
+    # applied where the headline runs: a dispatched knob in its bucket's entry
+    applied = search.apply_joint(knobs, {"group": 4, "occupancy": 1}, "bf16/large")
+    assert applied["occupancy"] == 1 and applied["group"] is None
+    assert applied["dispatch"] == {"bf16/large": {"group": 4, "persistent": True}}
+    assert search.apply_joint({"group": None, "occupancy": None}, {"group": 4, "occupancy": 1},
+                              None) == {"group": 4, "occupancy": 1}
 
 
 # ---- stop rules -----------------------------------------------------------------------------
