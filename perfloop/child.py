@@ -150,7 +150,9 @@ class Running:
         _kill_group(self.proc)
         self._out.close()
 
-    def wait(self, *, deadline: float, stall_s: float | None = None) -> ChildResult:
+    def wait(self, *, deadline: float, stall_s: float | None = None,
+             cancel: threading.Event | None = None) -> ChildResult:
+        """`cancel`, once set (from another thread), ends the wait as a timeout would."""
         timed_out = stalled = False
         last_mark, last_change = _progress_mark(self.watched), time.monotonic()
         try:
@@ -161,7 +163,7 @@ class Running:
                 except subprocess.TimeoutExpired:
                     pass
                 now = time.monotonic()
-                if now >= deadline:
+                if now >= deadline or cancel is not None and cancel.is_set():
                     timed_out = True
                     break
                 mark = _progress_mark(self.watched)
@@ -183,6 +185,6 @@ def start(cmd: list[str], *, log: Path, env: dict | None = None, cwd: Path | Non
 
 def run(cmd: list[str], *, timeout_s: float, log: Path, env: dict | None = None,
         cwd: Path | None = None, stall_s: float | None = None,
-        progress: list[Path] = ()) -> ChildResult:
+        progress: list[Path] = (), cancel: threading.Event | None = None) -> ChildResult:
     return start(cmd, log=log, env=env, cwd=cwd, progress=progress).wait(
-        deadline=time.monotonic() + max(timeout_s, 0.001), stall_s=stall_s)
+        deadline=time.monotonic() + max(timeout_s, 0.001), stall_s=stall_s, cancel=cancel)

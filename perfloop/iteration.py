@@ -173,7 +173,8 @@ def run(s: Session, proposal: Proposal) -> dict:
     ) if s.spec.requires_gpu and candidates else []
     try:
         judged = phases.judge(s.root / state.judge, candidates, cwd=s.root, work=work,
-                              deadline=deadline, stall_s=rules.stall_timeout_s, env=env
+                              deadline=deadline, stall_s=rules.stall_timeout_s, env=env,
+                              processes=rules.judge_processes
                               ) if candidates else phases.JudgeResult(detail="none left to judge")
     except BaseException:  # Ctrl-C while judging: the waiting worker goes too
         phases.abandon(timer)
@@ -181,7 +182,8 @@ def run(s: Session, proposal: Proposal) -> dict:
     finally:
         warmed = phases.stop_warmers(warmers)
     phase_s["correctness"] = judged.wall_s
-    compile_ahead = {"processes": len(warmers), "finished_while_judged": warmed}
+    compile_ahead = {"processes": len(warmers), "finished_while_judged": warmed,
+                     "judge_processes": judged.processes}
     crashpoint("correctness", iteration)
     outcome = {v["label"]: _judged(v["label"], judged) for v in candidates}
     _void_if_foreign(s, outcome, judged.imports, allowed,

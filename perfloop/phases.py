@@ -15,7 +15,9 @@ import json
 import os
 import secrets
 import statistics
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -57,10 +59,12 @@ class JudgeResult:
     tampered: set = field(default_factory=set)   # perfloop functions kernel code replaced
     wall_s: float = 0.0
     detail: str = ""
+    processes: int = 1                           # judge processes run side by side
 
 
 def _judge_once(judge_file: Path, variants: list[dict], *, cwd: Path, work: Path,
-                deadline: float, stall_s: float, env: dict) -> tuple:
+                deadline: float, stall_s: float, env: dict,
+                cancel: threading.Event | None = None) -> tuple:
     tag = nonce()
     request = work / f"judge-{tag}.json"
     log, imports = work / f"judge-{tag}-cases.jsonl", work / f"judge-{tag}-imports.json"
@@ -70,7 +74,7 @@ def _judge_once(judge_file: Path, variants: list[dict], *, cwd: Path, work: Path
                        "perfloop.judging", f"--perfloop-request={request}", "-o", "addopts=",
                        "--rootdir", str(cwd))
     res = child.run(cmd, timeout_s=deadline - time.monotonic(), log=work / f"judge-{tag}.log",
-                    env=env, cwd=cwd, stall_s=stall_s, progress=[log])
+                    env=env, cwd=cwd, stall_s=stall_s, progress=[log], cancel=cancel)
     cases: dict[str, list] = {v["label"]: [] for v in variants}
     if log.exists():
         for line in log.read_text().splitlines():
@@ -81,32 +85,46 @@ def _judge_once(judge_file: Path, variants: list[dict], *, cwd: Path, work: Path
 
 
 def judge(judge_file: Path, variants: list[dict], *, cwd: Path, work: Path, deadline: float,
-          stall_s: float, env: dict) -> JudgeResult:
-    """Judge every variant in one pytest process; if it dies or hangs, judge each variant in
-    a process of its own, so one crashing candidate does not void the others."""
+          stall_s: float, env: dict, processes: int = 1) -> JudgeResult:
+    """Judge the variants split among up to `processes` pytest processes run side by side; if
+    one dies or hangs, judge each of its variants in a process of its own, so one crashing
+    candidate does not void the others."""
     out = JudgeResult()
     t0 = time.monotonic()
-    groups = [variants]
-    while groups:
-        group = groups.pop(0)
-        res, cases, audit = _judge_once(judge_file, group, cwd=cwd, work=work,
-                                        deadline=deadline, stall_s=stall_s, env=env)
-        out.imports |= set(audit.get("imports", ()))
-        out.tampered |= set(audit.get("tampered", ()))
-        if res.died or res.returncode not in (0, 1):
-            if len(group) > 1 and time.monotonic() < deadline:
-                groups.extend([v] for v in group)
-                continue
-            for v in group:
-                out.crashed[v["label"]] = f"judge {res.describe()} (log: {res.log})"
-            continue
-        passed = {label: bool(c) and all(e["passed"] for e in c) for label, c in cases.items()}
-        if res.returncode == 1 and all(passed.values()):
-            # a test failed outside perfloop.correctness.check: no variant can be trusted
-            passed = dict.fromkeys(passed, False)
-        out.passed.update(passed)
-        out.cases.update(cases)
-        out.detail = f"judge {res.describe()}"
+    width = max(1, min(processes, len(variants)))
+    pending = [variants[i::width] for i in range(width)]
+    cancel = threading.Event()  # Ctrl-C: every judge process is killed, none awaited
+    pool = ThreadPoolExecutor(width, thread_name_prefix="perfloop-judge")
+    try:
+        while pending:
+            runs = list(pool.map(lambda group: (group, _judge_once(
+                judge_file, group, cwd=cwd, work=work, deadline=deadline, stall_s=stall_s,
+                env=env, cancel=cancel)), pending))
+            pending = []
+            for group, (res, cases, audit) in runs:
+                out.imports |= set(audit.get("imports", ()))
+                out.tampered |= set(audit.get("tampered", ()))
+                if res.died or res.returncode not in (0, 1):
+                    if len(group) > 1 and time.monotonic() < deadline:
+                        pending.extend([v] for v in group)
+                        continue
+                    for v in group:
+                        out.crashed[v["label"]] = f"judge {res.describe()} (log: {res.log})"
+                    continue
+                passed = {label: bool(c) and all(e["passed"] for e in c)
+                          for label, c in cases.items()}
+                if res.returncode == 1 and all(passed.values()):
+                    # a test failed outside perfloop.correctness.check: none of these can be trusted
+                    passed = dict.fromkeys(passed, False)
+                out.passed.update(passed)
+                out.cases.update(cases)
+                out.detail = f"judge {res.describe()}"
+    except BaseException:
+        cancel.set()
+        raise
+    finally:
+        pool.shutdown(wait=True)
+    out.processes = width
     out.wall_s = round(time.monotonic() - t0, 3)
     return out
 

@@ -81,6 +81,7 @@ class Limits:
     iteration_timeout_s: float = 600.0
     stall_timeout_s: float = 180.0
     compile_processes: int = 0   # parallel warmers that fill cuTile's cache while judging
+    judge_processes: int = 1     # pytest processes that judge an iteration's candidates
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,7 @@ class Rules:
     verify: Verify
     search: Search = Search()
     compile_processes: int = 0
+    judge_processes: int = 1
 
 
 @dataclass(frozen=True)
@@ -184,7 +186,8 @@ def rules_from_dict(raw: dict, where: str = "pinned rules") -> Rules:
                      iteration_timeout_s=raw["iteration_timeout_s"],
                      stall_timeout_s=raw["stall_timeout_s"], measure=Measure(**raw["measure"]),
                      verify=Verify(**raw["verify"]), search=_search(raw.get("search", {})),
-                     compile_processes=raw.get("compile_processes", 0))
+                     compile_processes=raw.get("compile_processes", 0),
+                     judge_processes=raw.get("judge_processes", 1))
     except (KeyError, TypeError) as exc:
         raise UserError(f"{where} are incomplete ({exc.__class__.__name__}: {exc}); start a new "
                         "run with --new") from None
@@ -238,6 +241,7 @@ def load(directory: Path) -> Playbook:
         verify=_typed(Verify, rules, "verify", rules_path),
         search=_search(vars(_typed(Search, rules, "search", rules_path)), rules_path),
         compile_processes=limits.compile_processes,
+        judge_processes=limits.judge_processes,
     )
     autotune_path = directory / "autotune.toml"
     autotune = read_toml(autotune_path) if autotune_path.exists() else {}

@@ -145,3 +145,39 @@ def test_kill_right_after_a_commit_before_the_marker_knows_it(scratch, kind):
     assert (recs[1]["kind"], recs[1]["status"]) == (kind, "keep")
     assert git(scratch.path, "for-each-ref", "--format=%(refname)",
                f"refs/perfloop/{state['branch']}/abandoned-01-*")
+
+
+def test_ctrl_c_while_judging_in_parallel_kills_every_judge_at_once(scratch):
+    """Two judge processes, one hanging: Ctrl-C must not wait for either."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import pythonpath
+
+    scratch.rules(judge_processes="2", stall_timeout_s="300")
+    scratch.add_optimization("modes", "mode", ["hang", "ok-too"])
+    scratch.commit_all("a hanging candidate")
+    assert scratch.cli("init", "--kernel", "scripted")[0] == 0
+    env = {**os.environ, "PYTHONPATH": pythonpath()}
+    proc = subprocess.Popen([sys.executable, "-m", "perfloop", "step", "--kernel", "scripted",
+                             "--opt", "modes"], cwd=scratch.path, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    work = scratch.path / "sandbox/scripted/work"
+    deadline = time.monotonic() + 60
+    def requests():
+        return [p for p in work.glob("iter-01-*/judge-*.json") if p.stem.count("-") == 1]
+
+    while len(requests()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert time.monotonic() < deadline          # both judges started (and one hangs)
+    time.sleep(2)
+    started = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and time.monotonic() - started < 15, err
+    left = subprocess.run(["pgrep", "-f", str(work)], capture_output=True, text=True).stdout
+    assert left.strip() == "", f"judge processes left running: {left}"

@@ -247,6 +247,23 @@ def test_rules_can_turn_dispatch_off(scratch):
     assert code == 2 and "no dispatch experiment" in out["error"]
 
 
+@pytest.mark.parametrize("processes", [1, 3])
+def test_candidates_are_judged_in_processes_side_by_side(scratch, processes):
+    scratch.script([{"when": {"tile": [1, 2048]}, "factor": {"*": 0.9}}])
+    scratch.rules(judge_processes=str(processes))
+    scratch.commit_all("script")
+    assert scratch.cli("init", "--kernel", "scripted")[0] == 0
+    code, out, err = scratch.cli("step", "--kernel", "scripted", "--opt", "tile_shape")
+    assert code == 0 and out["experiment"]["value"] == [1, 2048], err
+    rec = scratch.records()[-1]
+    assert rec["compile_ahead"]["judge_processes"] == processes
+    assert all(o["outcome"] == "ok" for o in rec["outcomes"].values())
+    requests = [json.loads(p.read_text()) for p in
+                (scratch.path / "sandbox").rglob("iter-01*/judge-*.json") if "-" not in p.stem[6:]]
+    judged = sorted(v["label"] for r in requests for v in r["variants"])
+    assert len(requests) == processes and judged == sorted(rec["outcomes"])
+
+
 def test_a_dispatch_that_loses_on_a_held_back_shape_is_reverted(scratch):
     overfit = [{**SPLIT[0], "factor": {**SPLIT[0]["factor"], "held:tail": 1.3}}]
     scratch.script(overfit)
