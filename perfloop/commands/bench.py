@@ -89,8 +89,9 @@ def render(r):
         return f"bench failed: {r['error']}"
     env, ceil = r["environment"], r["ceilings"]
     lines = [f"{r['kernel']} on {env.get('gpu_name')} (driver {env.get('driver')}, cuTile "
-             f"{env.get('cutile')}, torch {env.get('torch')}); copy ceiling "
-             f"{ceil['copy_gbps']:.0f} GB/s", "",
+             f"{env.get('cutile')}, torch {env.get('torch')}); bandwidth ceiling "
+             f"{ceil.get('bandwidth_gbps') or ceil['copy_gbps']:.0f} GB/s (copy "
+             f"{ceil['copy_gbps']:.0f})", "",
              "| shape | variant | median ms | 95% CI ms | host us/call | GB/s | share of floor "
              "| time / cuTile (95% CI) |",
              "|:--|:--|--:|--:|--:|--:|--:|--:|"]
