@@ -1,6 +1,6 @@
 import time
 
-from perfloop import gitops, variants
+from perfloop import dispatch, gitops, variants
 from perfloop.errors import UserError
 from perfloop.kernel import find_folder, import_module, load_spec
 from perfloop.playbook import load, resolve_dir, thaw
@@ -9,8 +9,9 @@ HELP = "compile every variant the playbook can produce, ahead of time, without a
 DESCRIPTION = """\
 Compiles the kernel for each target architecture with cuTile's ahead-of-time path (tileiras;
 no GPU needed) for a set of knob combinations in which every value of every knob, and every
-pair of values of any two knobs, occurs at least once (--all: every combination). Each
-combination is compiled for the dtypes of all benchmark shapes. Reports each failure with its
+pair of values of any two knobs, occurs at least once (--all: every combination), plus the
+committed knobs of each bucket of knobs.json's "dispatch" table. Each combination is compiled
+for the dtypes of all benchmark shapes. Reports each failure with its
 knob values; exits 1 if any variant fails."""
 
 
@@ -32,8 +33,12 @@ def execute(args):
     module = import_module(folder, f"check_{spec.name}")
     if not hasattr(module, "compile_ahead"):
         raise UserError(f"kernel '{spec.name}' has no compile_ahead(knobs, shapes, arch) in kernel.py")
-    doms = variants.domains(playbook, spec.read_knobs(), spec.candidates)
+    committed = spec.read_knobs()
+    plain = {k: v for k, v in committed.items() if k != dispatch.KEY}
+    doms = variants.domains(playbook, plain, spec.candidates)
     combos = (variants.exhaustive if args.all else variants.pairwise)(doms)
+    # each bucket of the committed dispatch table launches its own variant: compile it too
+    combos += [dispatch.knobs_for(committed, b) for b in dispatch.table(committed)]
     failures, t0 = [], time.monotonic()
     for arch in archs:
         for knobs in combos:
