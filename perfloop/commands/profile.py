@@ -1,6 +1,6 @@
 import argparse
 
-from perfloop import profiling
+from perfloop import profiling, progress
 from perfloop.session import Session
 
 HELP = "Nsight Compute metrics of the incumbent at the headline shape; `next` ranks by them"
@@ -41,8 +41,10 @@ def execute(args):
     s = Session(args.kernel, args.playbook)
     s.require_run()
     try:
-        record = profiling.profile(s, kernel_name=args.kernel_name, launch_skip=args.launch_skip,
-                                   launch_count=max(args.launch_count, 1))
+        with progress.task("profile", f"the incumbent at {s.spec.headline.name}, with ncu"):
+            record = profiling.profile(s, kernel_name=args.kernel_name,
+                                       launch_skip=args.launch_skip,
+                                       launch_count=max(args.launch_count, 1))
     except profiling.Failed as exc:
         return {"kernel": s.spec.name, "exit_code": 1, "failure": str(exc)}
     return {"kernel": s.spec.name, "commit": record["commit"], "iteration": record["iteration"],

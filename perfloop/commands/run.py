@@ -1,7 +1,7 @@
 import argparse
 import sys
 
-from perfloop import loop, profiling, views
+from perfloop import loop, profiling, progress, views
 from perfloop.errors import UserError
 from perfloop.session import Session, require_gpu
 
@@ -49,7 +49,8 @@ def execute(args):
         e = views.experiment(record)
         lines.append(e)
         if not args.json:
-            print(views.experiment_line(e), flush=True)
+            with progress.paused():
+                print(views.experiment_line(e), flush=True)
         if args.profile and record["status"] == "keep" and not any(p.get("gave_up") for p in profiles):
             profiles.append(_profile(s, record["iteration"], quiet=args.json))
 
@@ -80,15 +81,18 @@ def execute(args):
 def _profile(s, iteration: int, quiet: bool) -> dict:
     """Profile the new incumbent; a machine that cannot (no ncu, no counters) is told once."""
     try:
-        record = profiling.profile(s)
+        with progress.task("profile", f"the incumbent of iteration {iteration}, with ncu"):
+            record = profiling.profile(s)
     except (UserError, profiling.Failed) as exc:
         if not quiet:
-            print(f"profile after iteration {iteration}: {exc}; not profiling again",
-                  file=sys.stderr, flush=True)
+            with progress.paused():
+                print(f"profile after iteration {iteration}: {exc}; not profiling again",
+                      file=sys.stderr, flush=True)
         return {"iteration": iteration, "error": str(exc), "gave_up": True}
     if not quiet:
-        print(f"profiled the incumbent of iteration {iteration} in {record['wall_s']:.0f} s",
-              flush=True)
+        with progress.paused():
+            print(f"profiled the incumbent of iteration {iteration} in "
+                  f"{record['wall_s']:.0f} s", flush=True)
     return {"iteration": iteration, "wall_s": record["wall_s"], "metrics": record["metrics"]}
 
 
