@@ -196,6 +196,10 @@ def test_profile_records_ncus_values_and_next_ranks_by_them(started, fake_ncu):
     code, text, _ = cli(started, "next", "--kernel", "scripted", path=path_without_ncu(),
                         json_out=False)
     assert code == 0 and "profile of the incumbent" in text and f"{SM} = 83.14%" in text
+    code, text, _ = cli(started, "report", "--kernel", "scripted", path=path_without_ncu(),
+                        json_out=False)
+    assert "profile (Nsight Compute, the final incumbent, kernel cutile_kernel_main): " in text
+    assert "sm_pct 83.14%" in text
 
 
 def test_a_profile_of_an_older_incumbent_is_not_used(scratch, fake_ncu):

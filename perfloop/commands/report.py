@@ -226,6 +226,16 @@ def summary_lines(r) -> list[str]:
     return lines
 
 
+def profile_line(r) -> str | None:
+    p = r["profile"]
+    if not p or not p.get("metrics"):
+        return None
+    which = "the final incumbent" if p["of_incumbent"] else f"an older incumbent, {str(p['commit'])[:12]}"
+    values = ", ".join(f"{k} {m['value']:g}{m['unit'] if m['unit'] == '%' else ''}"
+                       for k, m in p["metrics"].items())
+    return f"profile (Nsight Compute, {which}, kernel {p['kernel_name']}): {values}"
+
+
 def bench_line(r) -> str | None:
     b = r["bench"]
     if not b:
@@ -251,9 +261,7 @@ def render(r):
         lines += ["", "per shape (baseline and best each from its own experiment, in different "
                       "processes; the speedup from one process):",
                   shapes_frame(r).to_string(index=False)]
-    line = bench_line(r)
-    if line:
-        lines.append(line)
+    lines += [line for line in (bench_line(r), profile_line(r)) if line]
     lines += [""] + [f"note: {n}" for n in r["notes"]]
     lines.append(f"time: {r['seconds_total']:.0f} s in experiments, {r['wall_seconds']:.0f} s "
                  "wall; per phase " + ", ".join(f"{k} {v:.0f} s"
@@ -296,7 +304,7 @@ def _draw(r, recs, bench, html_out: Path | None, png_out: Path | None) -> None:
         if share_fig is None:
             notes.append("No physical floor was recorded (the kernel is timed by a CPU clock), "
                          "so there is no share of the floor to draw.")
-        notes += r["notes"]
+        notes += [line for line in [profile_line(r)] if line] + r["notes"]
         sections = [("Kept changes", journey_frame(r)), ("Final knobs", knobs_frame(r)),
                     ("Per shape (the speedup from one process; the other times each from its "
                      "own experiment's process)", shapes_frame(r)),
