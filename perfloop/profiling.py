@@ -17,7 +17,7 @@ from perfloop.session import Session, require_gpu
 
 PROFILE = "profile.json"
 SCHEMA = 1
-TRIES = 4   # each try may drop the metrics ncu says it does not know
+TRIES = 8   # each try may drop the metrics ncu says it does not know (it may name one a try)
 
 
 class Failed(Exception):

@@ -14,6 +14,7 @@ import pytest
 from conftest import Scratch, git, pythonpath
 
 from perfloop import review
+from perfloop.search import show_value
 
 # fast math: 20% everywhere; tile 1x2048 wins on the "big" bucket only (a dispatch keeps it
 # there); occupancy 2 falls off a cliff, 8 gains 10%; mode=wrong fails the judge; mode
@@ -213,6 +214,39 @@ def png_size(data: bytes) -> tuple[int, int]:
     return struct.unpack(">II", data[16:24])
 
 
+class Tables(HTMLParser):
+    """Every table's rows, as lists of cell texts."""
+
+    def __init__(self):
+        super().__init__()
+        self.tables, self.cell = [], None
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "table":
+            self.tables.append([])
+        elif tag == "tr":
+            self.tables[-1].append([])
+        elif tag in ("td", "th"):
+            self.cell = ""
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th"):
+            self.tables[-1][-1].append(self.cell.strip())
+            self.cell = None
+
+    def handle_data(self, data):
+        if self.cell is not None:
+            self.cell += data
+
+
+def parse_rows(path, first: str) -> dict:
+    """{first cell: second cell} of the HTML table whose header starts with `first`."""
+    tables = Tables()
+    tables.feed(path.read_text(encoding="utf-8"))
+    rows = next(t for t in tables.tables if t and t[0][0] == first)[1:]
+    return {row[0]: json.loads(row[1]) if row[1].startswith("{") else row[1] for row in rows}
+
+
 def parse(path) -> Page:
     page = Page()
     page.feed(path.read_text(encoding="utf-8"))
@@ -237,8 +271,9 @@ def test_html_is_self_contained_and_holds_the_report(finished, tmp_path):
     text = " ".join(" ".join(page.text).split())
     for j in r["journey"]:
         assert j["diff"] in text and j["what"] in text
-    for knob, value in r["final"]["knobs"].items():
-        assert knob in text
+    final = parse_rows(out, "knob")
+    assert final == {k: v if isinstance(v, dict) else show_value(v)
+                     for k, v in r["final"]["knobs"].items()}
     assert '{"big": {"tile": [1, 2048]}}' in text          # the final dispatch table
     assert f"{r['speedup']['speedup']:.3f}x" in text and "timed in one process" in text
     assert "torch-compile ms (bench)" in text and r["stopped"] in text
