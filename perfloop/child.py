@@ -19,6 +19,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 PR_SET_PDEATHSIG = 1
 
@@ -151,8 +152,11 @@ class Running:
         self._out.close()
 
     def wait(self, *, deadline: float, stall_s: float | None = None,
-             cancel: threading.Event | None = None) -> ChildResult:
-        """`cancel`, once set (from another thread), ends the wait as a timeout would."""
+             cancel: threading.Event | None = None,
+             on_progress: Callable[[], None] | None = None) -> ChildResult:
+        """`cancel`, once set (from another thread), ends the wait as a timeout would.
+        `on_progress` is called whenever the watched files change (what the live progress
+        line shows comes from the same files as the watchdog's verdict)."""
         timed_out = stalled = False
         last_mark, last_change = _progress_mark(self.watched), time.monotonic()
         try:
@@ -169,6 +173,8 @@ class Running:
                 mark = _progress_mark(self.watched)
                 if mark != last_mark:
                     last_mark, last_change = mark, now
+                    if on_progress is not None:
+                        on_progress()
                 elif stall_s is not None and now - last_change > stall_s:
                     timed_out = stalled = True
                     break
@@ -185,6 +191,8 @@ def start(cmd: list[str], *, log: Path, env: dict | None = None, cwd: Path | Non
 
 def run(cmd: list[str], *, timeout_s: float, log: Path, env: dict | None = None,
         cwd: Path | None = None, stall_s: float | None = None,
-        progress: list[Path] = (), cancel: threading.Event | None = None) -> ChildResult:
+        progress: list[Path] = (), cancel: threading.Event | None = None,
+        on_progress: Callable[[], None] | None = None) -> ChildResult:
     return start(cmd, log=log, env=env, cwd=cwd, progress=progress).wait(
-        deadline=time.monotonic() + max(timeout_s, 0.001), stall_s=stall_s, cancel=cancel)
+        deadline=time.monotonic() + max(timeout_s, 0.001), stall_s=stall_s, cancel=cancel,
+        on_progress=on_progress)

@@ -9,7 +9,7 @@ import tempfile
 import traceback
 from pathlib import Path
 
-from perfloop import __version__
+from perfloop import __version__, progress
 from perfloop.atomic import dumps
 from perfloop.commands import COMMANDS
 from perfloop.errors import UserError
@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
                                     command=next((a for a in argv if a in COMMANDS), None))
         return _emit_error(wanted, str(exc), 2)
     module = COMMANDS[args.command]
+    progress.configure(json_answer=getattr(args, "json", False))
     try:
         result = module.execute(args)
     except UserError as exc:

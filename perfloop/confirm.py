@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from perfloop import phases, records
+from perfloop import phases, progress, records
 from perfloop.session import Session
 from perfloop.worker import INCUMBENT
 
@@ -28,7 +28,8 @@ def ensure(s: Session) -> dict | None:
     """Confirm the run's result once it has stopped (no-op if already confirmed)."""
     if latest(s) is not None or not s.records():
         return latest(s)
-    record = measure(s)
+    with progress.task("confirmation", "the baseline against the final incumbent, in one process"):
+        record = measure(s)
     records.append(s.records_path, record)
     return record
 

@@ -18,7 +18,7 @@ import hashlib
 import time
 from dataclasses import asdict, dataclass
 
-from perfloop import audit, decide, dispatch, gitops, phases, records, search, table
+from perfloop import audit, decide, dispatch, gitops, phases, progress, records, search, table
 from perfloop.errors import UserError
 from perfloop.faults import crashpoint
 from perfloop.kernel import KNOBS, knobs_text
@@ -123,6 +123,12 @@ def _commit(s: Session, message: str) -> str:
 def run(s: Session, proposal: Proposal) -> dict:
     """Run one experiment to its record. The caller has checked the tree, the branch and what
     is pinned; from here on every outcome is recorded."""
+    what = proposal.describe or proposal.name
+    with progress.task(f"iteration {len(s.records())}", what[:60]):
+        return _run(s, proposal)
+
+
+def _run(s: Session, proposal: Proposal) -> dict:
     state = s.state
     iteration = len(s.records())
     rules = s.playbook.rules

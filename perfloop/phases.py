@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from perfloop import child, stats
+from perfloop import child, progress, stats
 from perfloop.atomic import write_json
 from perfloop.playbook import Rules, thaw
 from perfloop.worker import CONTROL, INCUMBENT
@@ -64,7 +64,7 @@ class JudgeResult:
 
 def _judge_once(judge_file: Path, variants: list[dict], *, cwd: Path, work: Path,
                 deadline: float, stall_s: float, env: dict,
-                cancel: threading.Event | None = None) -> tuple:
+                cancel: threading.Event | None = None, shown=None) -> tuple:
     tag = nonce()
     request = work / f"judge-{tag}.json"
     log, imports = work / f"judge-{tag}-cases.jsonl", work / f"judge-{tag}-imports.json"
@@ -74,7 +74,8 @@ def _judge_once(judge_file: Path, variants: list[dict], *, cwd: Path, work: Path
                        "perfloop.judging", f"--perfloop-request={request}", "-o", "addopts=",
                        "--rootdir", str(cwd))
     res = child.run(cmd, timeout_s=deadline - time.monotonic(), log=work / f"judge-{tag}.log",
-                    env=env, cwd=cwd, stall_s=stall_s, progress=[log], cancel=cancel)
+                    env=env, cwd=cwd, stall_s=stall_s, progress=[log], cancel=cancel,
+                    on_progress=shown.watch(log) if shown else None)
     cases: dict[str, list] = {v["label"]: [] for v in variants}
     if log.exists():
         for line in log.read_text().splitlines():
@@ -95,11 +96,12 @@ def judge(judge_file: Path, variants: list[dict], *, cwd: Path, work: Path, dead
     pending = [variants[i::width] for i in range(width)]
     cancel = threading.Event()  # Ctrl-C: every judge process is killed, none awaited
     pool = ThreadPoolExecutor(width, thread_name_prefix="perfloop-judge")
+    shown = _JudgeShown(len(variants), width) if progress.enabled() else None
     try:
         while pending:
             runs = list(pool.map(lambda group: (group, _judge_once(
                 judge_file, group, cwd=cwd, work=work, deadline=deadline, stall_s=stall_s,
-                env=env, cancel=cancel)), pending))
+                env=env, cancel=cancel, shown=shown)), pending))
             pending = []
             for group, (res, cases, audit) in runs:
                 out.imports |= set(audit.get("imports", ()))
@@ -124,9 +126,77 @@ def judge(judge_file: Path, variants: list[dict], *, cwd: Path, work: Path, dead
         raise
     finally:
         pool.shutdown(wait=True)
+        if shown:
+            shown.bar.close()
     out.processes = width
     out.wall_s = round(time.monotonic() - t0, 3)
     return out
+
+
+class _JudgeShown:
+    """The judge's progress line: the cases its processes have checked, from their case logs."""
+
+    def __init__(self, candidates: int, processes: int):
+        self.what = f"{candidates} candidate{'s' * (candidates != 1)} in {processes} " \
+                    f"process{'es' * (processes != 1)}"
+        self.bar = progress.task("judge", self.what)
+        self.passed = self.failed = 0
+        self.lock = threading.Lock()
+
+    def watch(self, log: Path):
+        tail = progress.Tail(log)
+
+        def seen():
+            with self.lock:
+                for line in tail.lines():
+                    try:
+                        ok = json.loads(line).get("passed")
+                    except json.JSONDecodeError:
+                        continue
+                    self.passed += bool(ok)
+                    self.failed += not ok
+                self.bar.update(f"{self.what}: {self.passed + self.failed} cases checked"
+                                + (f", {self.failed} failed" if self.failed else ""))
+
+        return seen
+
+
+class _TimingShown:
+    """The timer's progress line: which variant it times at which shape, from the worker's
+    progress file (the one the hang watchdog reads)."""
+
+    def __init__(self, shapes: list[str], rounds: int):
+        self.shapes, self.rounds = shapes, rounds
+        self.bar = progress.task("timing", f"{len(shapes)} shapes", total=len(shapes))
+        self.pass_, self.shape, self.events = 1, None, 0
+
+    def watch(self, path: Path, labels: int):
+        tail = progress.Tail(path)
+
+        def seen():
+            for line in tail.lines():
+                try:
+                    event = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                name = event.get("shape")
+                if name is None or name not in self.shapes:
+                    self.bar.update(f"{event.get('label')}: {event.get('stage')}")
+                    continue
+                if name != self.shape:
+                    if self.shape is not None and self.shapes.index(name) < self.shapes.index(self.shape):
+                        self.pass_ += 1  # the fastest candidate, timed again in fresh rounds
+                    self.shape, self.events = name, 0
+                self.events += event.get("stage") == "time"
+                # each variant's batches: its first call, its warm-up, then one per round
+                done = max(0, self.events - 2 * labels) // max(labels, 1)
+                index = self.shapes.index(name)
+                self.bar.update(f"pass {self.pass_}, {name} ({index + 1}/{len(self.shapes)}), "
+                                f"round {min(done, self.rounds)}/{self.rounds}, "
+                                f"{event.get('label')}",
+                                completed=index + min(done, self.rounds) / self.rounds)
+
+        return seen
 
 
 @dataclass
@@ -245,17 +315,30 @@ def finish_timing(pending: Pending, labels: list[str], *, deadline: float,
     if pending.attempt:
         write_json(pending.work / f"timing-{tag}-go.json", go)
         pending.attempt = None
+    shown = (_TimingShown([sh["name"] for sh in pending.common["shapes"]],
+                          pending.common["measure"]["rounds"]) if progress.enabled() else None)
+    try:
+        return _finish(pending, out, running, tag, remaining, go, deadline, select, shown)
+    finally:
+        if shown:
+            shown.bar.close()
+
+
+def _finish(pending: Pending, out: Timing, running, tag: str, remaining: list, go: dict,
+            deadline: float, select: bool, shown) -> Timing:
     while True:
-        res = running.wait(deadline=deadline, stall_s=pending.stall_s)
+        watch = (shown.watch(pending.work / f"timing-{tag}-progress.jsonl", len(go["labels"]))
+                 if shown else None)
+        res = running.wait(deadline=deadline, stall_s=pending.stall_s, on_progress=watch)
         result = pending.work / f"timing-{tag}.json"
-        progress = pending.work / f"timing-{tag}-progress.jsonl"
+        written = pending.work / f"timing-{tag}-progress.jsonl"
         imports = pending.work / f"timing-{tag}-imports.json"
         if imports.exists():
             out.imports |= set(json.loads(imports.read_text()))
         if res.returncode == 0 and result.exists():
             out.raw = json.loads(result.read_text())
             break
-        last = _last_progress(progress) or {}
+        last = _last_progress(written) or {}
         culprit = last.get("label")
         reason = last.get("reason") or f"timing worker {res.describe()} (log: {res.log})"
         kind = "fail" if last.get("stage") == "tampered" else "crash"

@@ -4,7 +4,7 @@ search, which goes first once a stop rule would otherwise end the run."""
 
 from __future__ import annotations
 
-from perfloop import decide, search
+from perfloop import decide, profile_rank, profiling, search
 from perfloop.session import Session
 
 
@@ -18,11 +18,19 @@ def penalties(s: Session, recs: list[dict]) -> dict[str, int]:
 
 
 def catalog(s: Session, recs: list[dict] | None = None) -> list[decide.Suggestion]:
+    """The catalog's entries for this kernel, ranked by its class (or tags), and re-ranked by a
+    profile of the incumbent when one is recorded (`perfloop profile`)."""
     recs = s.records() if recs is None else recs
     tried = {r["optimization"] for r in recs if r["kind"] == "playbook"}
     knobs = s.incumbent_knobs()
-    return decide.rank(s.playbook.optimizations, s.state.kernel_class, knobs,
-                       s.spec.candidates, tried, penalties(s, recs), s.spec.tags)
+    ranked = decide.rank(s.playbook.optimizations, s.state.kernel_class, knobs,
+                         s.spec.candidates, tried, penalties(s, recs), s.spec.tags)
+    profile = profiling.of_incumbent(s)
+    if profile is None or not ranked:
+        return ranked
+    return profile_rank.adjust(ranked, profile["metrics"], profile_rank.load(s.playbook_dir),
+                               s.state.kernel_class, s.spec.tags,
+                               source=f"the profile of {profile['commit'][:12]}")
 
 
 def searches(s: Session, recs: list[dict] | None = None) -> list[decide.Suggestion]:

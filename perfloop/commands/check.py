@@ -1,6 +1,6 @@
 import time
 
-from perfloop import dispatch, gitops, variants
+from perfloop import dispatch, gitops, progress, search, variants
 from perfloop.errors import UserError
 from perfloop.kernel import find_folder, import_module, load_spec
 from perfloop.playbook import load, resolve_dir, thaw
@@ -40,14 +40,20 @@ def execute(args):
     # each bucket of the committed dispatch table launches its own variant: compile it too
     combos += [dispatch.knobs_for(committed, b) for b in dispatch.table(committed)]
     failures, t0 = [], time.monotonic()
-    for arch in archs:
-        for knobs in combos:
-            try:
-                module.compile_ahead(knobs, spec.shapes, arch)
-            except Exception as exc:
-                message = str(exc).strip().splitlines()
-                failures.append({"arch": arch, "knobs": {k: thaw(v) for k, v in knobs.items()},
-                                 "error": f"{type(exc).__name__}: {message[0] if message else ''}"})
+    with progress.task("compile", total=len(archs) * len(combos)) as bar:
+        for arch in archs:
+            for knobs in combos:
+                bar.update(f"{arch} " + " ".join(f"{k}={search.show_value(thaw(v))}"
+                                                 for k, v in knobs.items())[:70])
+                try:
+                    module.compile_ahead(knobs, spec.shapes, arch)
+                except Exception as exc:
+                    message = str(exc).strip().splitlines()
+                    failures.append({"arch": arch,
+                                     "knobs": {k: thaw(v) for k, v in knobs.items()},
+                                     "error": f"{type(exc).__name__}: "
+                                              f"{message[0] if message else ''}"})
+                bar.update(advance=1)
     out = {"kernel": spec.name, "archs": archs, "variants": len(combos),
            "dtypes": sorted({s.dtype for s in spec.shapes}), "compiled": len(combos) * len(archs),
            "failures": failures, "seconds": round(time.monotonic() - t0, 1),

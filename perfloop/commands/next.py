@@ -1,3 +1,4 @@
+from perfloop import profiling
 from perfloop.playbook import thaw
 from perfloop.session import Session
 from perfloop.suggest import suggestions
@@ -7,17 +8,32 @@ DESCRIPTION = """\
 Lists the optimizations that apply to this kernel's class (memory-bound, balanced or
 compute-bound, from its arithmetic intensity), best first, with the reason for each rank and
 the candidate values an iteration would measure. Optimizations already tried in this run are
-skipped. Apply one with `perfloop step --opt ID`."""
+skipped. A profile of the incumbent (`perfloop profile`) re-ranks them by the rules of
+playbook/profile_rules.toml, and each reason then quotes the metric that moved it. Apply one
+with `perfloop step --opt ID`."""
 
 
 def add_arguments(p):
     pass
 
 
+def _profile(s: Session) -> dict | None:
+    """Which profile the ranking used, or why a recorded one was not used."""
+    data = profiling.recorded(s)
+    if data is None:
+        return None
+    used = data.get("commit") == s.state.incumbent
+    return {"commit": data.get("commit"), "used": used,
+            "metrics": {k: m.get("value") for k, m in data["metrics"].items()},
+            "why": "profile of the incumbent" if used else
+                   "the profile is of an older incumbent: run `perfloop profile` again"}
+
+
 def execute(args):
     s = Session(args.kernel, args.playbook)
     ranked = suggestions(s)
     return {"kernel_class": s.state.kernel_class or None, "stopped": s.state.stopped,
+            "profile": _profile(s),
             "suggestions": [{"id": sg.optimization.id, "title": sg.optimization.title,
                              "family": sg.optimization.family, "knob": sg.optimization.knob,
                              "candidates": thaw(sg.candidates), "rank": sg.rank,
@@ -26,6 +42,8 @@ def execute(args):
 
 def render(r):
     lines = [f"{r['kernel_class'] or 'unclassified'} kernel; suggestions, best first:"]
+    if r["profile"]:
+        lines.insert(0, f"profile {r['profile']['commit'][:12]}: {r['profile']['why']}")
     for sg in r["suggestions"]:
         lines.append(f"  {sg['id']:<14} rank {sg['rank']:<3} {sg['knob']} in {sg['candidates']}")
         lines.append(f"  {'':<14} {sg['reason']}")

@@ -1,16 +1,32 @@
-from perfloop import views
+import json
+import time
+from pathlib import Path
+
+from perfloop import confirm, review, views
+from perfloop.atomic import write_bytes, write_text
+from perfloop.errors import UserError
+from perfloop.search import show_patch, show_value
 from perfloop.session import Session
 
-HELP = "a reviewer's summary of the run: best against baseline, kept vs reverted, time spent"
+HELP = "a reviewer's summary of the run: the kept changes, the speedup, each shape against its floor"
 DESCRIPTION = """\
-Reads the run's full record (sandbox/<kernel>/experiments.jsonl) and summarizes it: the
-speedup of the final incumbent over the baseline as measured in one process when the run
-stopped (with its 95% interval), the latencies per shape, how many experiments were kept,
-reverted or crashed, the time spent per phase, and the environment of the measurements."""
+Reads the run's record (sandbox/<kernel>/experiments.jsonl) and summarizes it: each kept change
+with the knobs it moved (old -> new; per bucket for a dispatch) and its gain, the final knobs
+and commit, the speedup of the final incumbent over the baseline as timed in one process when
+the run stopped (with its 95% interval; "not confirmed" before that), per shape the best time
+and its share of the physical floor, the competitors timed by the last `perfloop bench`
+(sandbox/<kernel>/bench.json), the time per phase, the stop reason and the environment.
+Only reads the record; --html and --png write the files they name.
+  --html PATH  one self-contained HTML file: this report, with plots (latency per iteration
+               per shape, share of the floor per shape), images embedded, nothing fetched
+  --png PATH   the latency plot alone"""
+
+BENCH, PROFILE = "bench.json", "profile.json"
 
 
 def add_arguments(p):
-    pass
+    p.add_argument("--html", metavar="PATH", help="write the report as one self-contained HTML file")
+    p.add_argument("--png", metavar="PATH", help="write the latency-per-iteration plot as a PNG")
 
 
 def _frame(recs):
@@ -21,66 +37,232 @@ def _frame(recs):
                          for r in recs])
 
 
-def _shape_latencies(record):
-    timing = record.get("timing") or {}
-    label = timing.get("chosen", "incumbent")
-    return {name: shape["variants"][label]["median_ms"]
-            for name, shape in (timing.get("shapes") or {}).items()}
+def _output(path: str | None, s: Session) -> Path | None:
+    """Where --html/--png may write: a file in an existing folder, outside the kernel folder
+    (whose uncommitted files would make the next step refuse)."""
+    if path is None:
+        return None
+    out = Path(path).expanduser().resolve()
+    if out.is_dir():
+        raise UserError(f"{path} is a folder; name the file to write")
+    if not out.parent.is_dir():
+        raise UserError(f"cannot write {path}: the folder {out.parent} does not exist")
+    if out == s.spec.folder or s.spec.folder in out.parents:
+        raise UserError(f"refused: {path} is inside the kernel folder {s.folder_rel}/, which "
+                        "experiments commit; write the report elsewhere (e.g. sandbox/)")
+    return out
+
+
+def _read_json(path: Path) -> tuple[dict | None, str | None]:
+    if not path.exists():
+        return None, None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        return None, f"{path} could not be read ({exc.__class__.__name__}); ignored"
+    return (data, None) if isinstance(data, dict) else (None, f"{path} is not an object; ignored")
+
+
+def _bench(s: Session, final_knobs: dict | None) -> tuple[dict | None, dict | None, str | None]:
+    path = s.sandbox / BENCH
+    bench, problem = _read_json(path)
+    if bench is None:
+        return None, None, problem
+    same = final_knobs is not None and bench.get("knobs") == final_knobs
+    return bench, {"path": str(path), "timed_at": path.stat().st_mtime,
+                   "knobs": bench.get("knobs"), "same_knobs_as_final": same}, None
 
 
 def execute(args):
     s = Session(args.kernel, args.playbook)
     s.require_run()
+    html_out, png_out = _output(args.html, s), _output(args.png, s)
     recs = s.records()
     if not recs:
+        if html_out or png_out:
+            raise UserError(f"no experiments of '{s.spec.name}' recorded yet: nothing to draw")
         return {"kernel": s.spec.name, "experiments": 0, "rows": []}
     df = _frame(recs)
+    st = s.state
+    head = s.spec.headline.name
     kept = [r for r in recs if r["status"] == "keep"]
-    base, best = _shape_latencies(recs[0]), _shape_latencies(kept[-1]) if kept else {}
+    final = review.incumbent_record(recs, st.incumbent) or (kept[-1] if kept else None)
+    confirmation = confirm.latest(s)
+    bench, bench_info, bench_problem = _bench(s, final["knobs"] if final else None)
+    profile, profile_problem = _read_json(s.sandbox / PROFILE)
+    shapes = review.shapes(recs, [sh.name for sh in s.spec.shapes], st.incumbent, confirmation,
+                           bench, head)
     speedup = views.speedup(s, recs)
-    confirmed = speedup["shapes"] or {}
-    shapes = [{"shape": n, "baseline_ms": base[n], "incumbent_ms": best.get(n),
-               "speedup": confirmed[n]["speedup"] if n in confirmed else None,
-               "speedup_ci": confirmed[n].get("speedup_ci") if n in confirmed else None}
-              for n in base]
+    confirmed = speedup["method"] == review.ONE_PROCESS
     env = next((r["environment"] for r in reversed(recs) if r.get("environment")), None)
-    phase_cols = [c for c in df.columns if c.endswith("_s")]
-    return {
-        "kernel": s.spec.name, "branch": s.state.branch, "experiments": len(recs),
-        "counts": df["status"].value_counts().to_dict(),
+    out = {
+        "kernel": s.spec.name, "branch": st.branch, "experiments": len(recs),
+        "counts": df["status"].value_counts().to_dict(),   # by status, the baseline included
+        "changes": review.change_counts(recs),              # after the baseline
+        "baseline": {"status": recs[0]["status"], "latency_ms": recs[0]["latency_ms"],
+                     "commit": recs[0]["commit"]},
         "correctness_failures": int((df["correctness"] == "FAIL").sum()),
-        "headline": s.spec.headline.name, "shapes": shapes,
-        "speedup": {k: v for k, v in speedup.items() if k != "shapes"},
+        "headline": head, "shapes": shapes,
+        "speedup": {**{k: v for k, v in speedup.items() if k != "shapes"},
+                    "confirmed": confirmed},
+        "journey": review.journey(recs),
+        "final": {"commit": st.incumbent, "iteration": final["iteration"] if final else None,
+                  "knobs": final["knobs"] if final else None},
         "best_iteration": kept[-1]["iteration"] if kept else None,
         "seconds_total": float(df["seconds"].sum()),
         "wall_seconds": recs[-1]["finished_at"] - recs[0]["started_at"],
-        "seconds_per_phase": {c[:-2]: float(df[c].sum()) for c in phase_cols},
-        "stopped": s.state.stopped, "environment": env,
+        "seconds_per_phase": review.phase_seconds(recs, confirmation, profile),
+        "stopped": st.stopped, "stop_reason": st.stopped, "environment": env,
+        "bench": bench_info,
+        "profile": _profile_summary(profile, st.incumbent),
+        "notes": [p for p in (bench_problem, profile_problem) if p],
         "rows": df.drop(columns=["ref"]).to_dict(orient="records"),
     }
+    if html_out or png_out:
+        _draw(out, recs, bench, html_out, png_out)
+    out["html"], out["png"] = (str(html_out) if html_out else None), (str(png_out) if png_out else None)
+    return out
 
 
-def _ms(value) -> str:
-    return f"{value:.6f}" if value is not None else "-"
+def _profile_summary(profile: dict | None, incumbent: str) -> dict | None:
+    if not profile:
+        return None
+    return {"commit": profile.get("commit"), "of_incumbent": profile.get("commit") == incumbent,
+            "shape": profile.get("shape"), "metrics": profile.get("metrics"),
+            "kernel_name": profile.get("kernel_name")}
+
+
+# ---- tables, shared by the text and the HTML ------------------------------------------------
+def _pct(value) -> str:
+    return f"{100 * value:+.2f}%" if value is not None else "-"
+
+
+def _num(value, fmt: str = ".6f") -> str:
+    return format(value, fmt) if value is not None else "-"
+
+
+def journey_frame(r):
+    import pandas as pd
+
+    return pd.DataFrame([{"iteration": j["iteration"], "change": j["what"], "knobs": j["diff"],
+                          "gain at headline": _pct(j["gain"]),
+                          "latency_ms": _num(j["latency_ms"]), "commit": j["commit"][:12]}
+                         for j in r["journey"]],
+                        columns=["iteration", "change", "knobs", "gain at headline",
+                                 "latency_ms", "commit"])
+
+
+def shapes_frame(r):
+    import pandas as pd
+
+    rows = []
+    for sh in r["shapes"]:
+        row = {"shape": sh["shape"] + (" (headline)" if sh["headline"] else ""),
+               "baseline_ms": _num(sh["baseline_ms"]),
+               "best_ms": _num(sh["incumbent_ms"]),
+               "best from iteration": sh["incumbent_iteration"],
+               "floor_ms": _num(sh["floor_ms"]),
+               "share of floor": (f"{_num(sh['baseline_share_of_floor'], '.3f')} -> "
+                                  f"{_num(sh['incumbent_share_of_floor'], '.3f')}"
+                                  if sh["floor_ms"] else "-"),
+               "speedup (one process, 95% CI)": (
+                   f"{sh['speedup']:.3f}x ({sh['speedup_ci'][0]:.3f}-{sh['speedup_ci'][1]:.3f})"
+                   if sh["speedup"] is not None and sh["speedup_ci"] else "not confirmed")}
+        for c in sh["competitors"]:
+            row[f"{c['variant']} ms (bench)"] = _num(c["median_ms"])
+            row[f"{c['variant']} / cutile (bench)"] = _num(c["vs_cutile"], ".3f")
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def knobs_frame(r):
+    import pandas as pd
+
+    knobs = r["final"]["knobs"] or {}
+    return pd.DataFrame([{"knob": k, "value": json.dumps(v) if isinstance(v, dict) else
+                          show_value(v)} for k, v in knobs.items()], columns=["knob", "value"])
+
+
+def phases_frame(r):
+    import pandas as pd
+
+    return pd.DataFrame([{"phase": k, "seconds": round(v, 1)}
+                         for k, v in r["seconds_per_phase"].items()], columns=["phase", "seconds"])
+
+
+def experiments_frame(r):
+    import pandas as pd
+
+    cols = ["iteration", "optimization", "knob", "value", "describe", "status", "correctness",
+            "latency_ms", "gain", "reason", "seconds"]
+    frame = pd.DataFrame(r["rows"])[cols]
+    frame["value"] = frame["value"].map(lambda v: "-" if v is None else
+                                        show_patch(v) if isinstance(v, dict) else show_value(v))
+    frame["describe"] = frame["describe"].map(lambda d: d or "-")
+    frame["gain"] = frame["gain"].map(lambda g: _pct(g) if g == g and g is not None else "-")
+    return frame
+
+
+# ---- text -----------------------------------------------------------------------------------
+def summary_lines(r) -> list[str]:
+    c = r["changes"]
+    fails = c["correctness_failures"]
+    lines = [f"{r['kernel']} on {r['branch']}: the baseline and {c['total']} changes "
+             f"({c['kept']} kept, {c['reverted']} reverted, {c['crashed']} crashed; "
+             f"{fails} correctness failure{'s' if fails != 1 else ''})"]
+    sp = r["speedup"]
+    if sp["confirmed"]:
+        ci = f" (95% CI {sp['ci'][0]:.3f}-{sp['ci'][1]:.3f})" if sp["ci"] else ""
+        lines.append(f"speedup at the headline shape ({r['headline']}): {sp['speedup']:.3f}x{ci}, "
+                     "the baseline and the final incumbent timed in one process")
+    elif sp["speedup"] is not None:
+        lines.append(f"speedup at the headline shape ({r['headline']}): not confirmed in one "
+                     f"process (the kept changes' in-process gains multiply to "
+                     f"{sp['speedup']:.3f}x; the run confirms it when it stops)")
+    final = r["final"]
+    lines.append(f"final: commit {final['commit'][:12]}"
+                 + (f" (iteration {final['iteration']})" if final["iteration"] is not None else ""))
+    lines.append(f"stopped: {r['stopped']}" if r["stopped"] else "no stop rule has fired")
+    return lines
+
+
+def profile_line(r) -> str | None:
+    p = r["profile"]
+    if not p or not p.get("metrics"):
+        return None
+    which = "the final incumbent" if p["of_incumbent"] else f"an older incumbent, {str(p['commit'])[:12]}"
+    values = ", ".join(f"{k} {m['value']:g}{m['unit'] if m['unit'] == '%' else ''}"
+                       for k, m in p["metrics"].items())
+    return f"profile (Nsight Compute, {which}, kernel {p['kernel_name']}): {values}"
+
+
+def bench_line(r) -> str | None:
+    b = r["bench"]
+    if not b:
+        return None
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(b["timed_at"]))
+    which = ("the final knobs" if b["same_knobs_as_final"] else
+             "other knobs than the final ones (run `perfloop bench` again)")
+    return f"competitors: from the last bench ({b['path']}, {when}), which timed {which}"
 
 
 def render(r):
+    import pandas as pd
+
     if not r["experiments"]:
         return f"{r['kernel']}: no experiments recorded yet"
-    lines = [f"{r['kernel']} on {r['branch']}: {r['experiments']} experiments "
-             f"({', '.join(f'{v} {k}' for k, v in r['counts'].items())}), "
-             f"{r['correctness_failures']} correctness failures"]
-    sp = r["speedup"]
-    if sp["speedup"] is not None:
-        ci = (f" (95% CI {sp['ci'][0]:.3f}-{sp['ci'][1]:.3f})" if sp["ci"] else "")
-        lines.append(f"speedup at the headline shape: {sp['speedup']:.3f}x{ci}, {sp['method']}")
-    for sh in r["shapes"]:
-        mark = " (headline)" if sh["shape"] == r["headline"] else ""
-        inc = f"{sh['incumbent_ms']:.6f}" if sh["incumbent_ms"] else "-"
-        speed = (f"{sh['speedup']:.3f}x in one process" if sh["speedup"] else
-                 "not confirmed in one process")
-        lines.append(f"  {sh['shape']:<24} baseline {_ms(sh['baseline_ms'])} ms  best {inc} ms"
-                     f"  {speed}{mark}")
+    width = {"display.width": 200, "display.max_colwidth": 80}
+    with pd.option_context(*[x for kv in width.items() for x in kv]):
+        lines = summary_lines(r)
+        journey = journey_frame(r)
+        lines += ["", "kept changes (gain against the incumbent before it, in one process):",
+                  journey.to_string(index=False) if len(journey) else "  none"]
+        lines += ["", "final knobs:", knobs_frame(r).to_string(index=False)]
+        lines += ["", "per shape (baseline and best each from its own experiment, in different "
+                      "processes; the speedup from one process):",
+                  shapes_frame(r).to_string(index=False)]
+    lines += [line for line in (bench_line(r), profile_line(r)) if line]
+    lines += [""] + [f"note: {n}" for n in r["notes"]]
     lines.append(f"time: {r['seconds_total']:.0f} s in experiments, {r['wall_seconds']:.0f} s "
                  "wall; per phase " + ", ".join(f"{k} {v:.0f} s"
                                                  for k, v in r["seconds_per_phase"].items()))
@@ -88,5 +270,58 @@ def render(r):
     if env.get("gpu_name"):
         lines.append(f"measured on {env['gpu_name']} (driver {env.get('driver')}, "
                      f"cuTile {env.get('cutile')}, torch {env.get('torch')})")
-    lines.append(f"stopped: {r['stopped']}" if r["stopped"] else "no stop rule has fired")
+    elif env:
+        lines.append("measured on " + ", ".join(f"{k} {v}" for k, v in env.items()))
+    for what in ("html", "png"):
+        if r.get(what):
+            lines.append(f"{what.upper()} written to {r[what]}")
     return "\n".join(lines)
+
+
+# ---- files ----------------------------------------------------------------------------------
+def _figures(r, recs, bench):
+    from perfloop import plots
+
+    panels = {sh["shape"]: review.latency_points(recs, sh["shape"]) for sh in r["shapes"]}
+    floors = {sh["shape"]: sh["floor_ms"] for sh in r["shapes"]}
+    compiled = {sh["shape"]: next((c["median_ms"] for c in sh["competitors"]
+                                   if c["variant"] == "torch-compile"), None) for sh in r["shapes"]}
+    return (plots.latency(panels, floors, compiled, r["headline"]), plots.floor_shares(r["shapes"]))
+
+
+def _draw(r, recs, bench, html_out: Path | None, png_out: Path | None) -> None:
+    from perfloop import htmlpage, plots
+
+    latency_fig, share_fig = _figures(r, recs, bench)
+    latency_png = plots.png(latency_fig)
+    if png_out:
+        write_bytes(png_out, latency_png)
+    if html_out:
+        notes = summary_lines(r)
+        line = bench_line(r)
+        notes += [line] if line else ["No bench result recorded: `perfloop bench` times the "
+                                      "competitors."]
+        if share_fig is None:
+            notes.append("No physical floor was recorded (the kernel is timed by a CPU clock), "
+                         "so there is no share of the floor to draw.")
+        notes += [line for line in [profile_line(r)] if line] + r["notes"]
+        sections = [("Kept changes", journey_frame(r)), ("Final knobs", knobs_frame(r)),
+                    ("Per shape (the speedup from one process; the other times each from its "
+                     "own experiment's process)", shapes_frame(r)),
+                    ("Latency per iteration: the median at each shape; kept, reverted, failed "
+                     "and crashed experiments and their other candidates marked apart; the "
+                     "floor and torch.compile as lines", latency_png)]
+        if share_fig is not None:
+            sections.append(("Share of the physical floor per shape, baseline and final "
+                             "(1.0 is the floor)", plots.png(share_fig)))
+        sections += [("Time per phase (seconds)", phases_frame(r)),
+                     ("Environment", _env_frame(r)), ("Every experiment", experiments_frame(r))]
+        write_text(html_out, htmlpage.page(r, notes, sections))
+
+
+def _env_frame(r):
+    import pandas as pd
+
+    env = r["environment"] or {}
+    return pd.DataFrame([{"field": k, "value": str(v)} for k, v in env.items()],
+                        columns=["field", "value"])

@@ -1,6 +1,7 @@
 import argparse
+import sys
 
-from perfloop import loop, views
+from perfloop import loop, profiling, progress, views
 from perfloop.errors import UserError
 from perfloop.session import Session, require_gpu
 
@@ -23,6 +24,9 @@ def add_arguments(p):
                    help="archive an unfinished run of this kernel and start a new one")
     p.add_argument("--max-iterations", type=non_negative, metavar="N",
                    help="stop after N more iterations (the playbook's limits still apply)")
+    p.add_argument("--profile", action="store_true",
+                   help="profile the incumbent with Nsight Compute after each kept change "
+                        "(`perfloop profile`), so the next suggestions rank by it")
 
 
 def non_negative(text: str) -> int:
@@ -39,13 +43,16 @@ def execute(args):
     s = Session(args.kernel, args.playbook)
     if s.spec.requires_gpu:
         require_gpu()
-    lines = []
+    lines, profiles = [], []
 
     def report(record):
         e = views.experiment(record)
         lines.append(e)
         if not args.json:
-            print(views.experiment_line(e), flush=True)
+            with progress.paused():
+                print(views.experiment_line(e), flush=True)
+        if args.profile and record["status"] == "keep" and not any(p.get("gave_up") for p in profiles):
+            profiles.append(_profile(s, record["iteration"], quiet=args.json))
 
     if args.resume:
         if args.new:
@@ -63,10 +70,30 @@ def execute(args):
     reason = loop.run(s, report, args.max_iterations)
     st = views.status(s)
     out = {"experiments_this_call": lines, "stop_reason": reason, "status": st}
+    if args.profile:
+        out["profiles"] = profiles
     if st["iterations"] and st["experiments"][0]["status"] != "keep":
         out.update(exit_code=1, failure=f"the baseline did not pass: "
                                         f"{st['experiments'][0]['reason']}")
     return out
+
+
+def _profile(s, iteration: int, quiet: bool) -> dict:
+    """Profile the new incumbent; a machine that cannot (no ncu, no counters) is told once."""
+    try:
+        with progress.task("profile", f"the incumbent of iteration {iteration}, with ncu"):
+            record = profiling.profile(s)
+    except (UserError, profiling.Failed) as exc:
+        if not quiet:
+            with progress.paused():
+                print(f"profile after iteration {iteration}: {exc}; not profiling again",
+                      file=sys.stderr, flush=True)
+        return {"iteration": iteration, "error": str(exc), "gave_up": True}
+    if not quiet:
+        with progress.paused():
+            print(f"profiled the incumbent of iteration {iteration} in "
+                  f"{record['wall_s']:.0f} s", flush=True)
+    return {"iteration": iteration, "wall_s": record["wall_s"], "metrics": record["metrics"]}
 
 
 def render(r):

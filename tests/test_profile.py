@@ -1,0 +1,288 @@
+"""Profiler evidence: `perfloop profile` with a stand-in for ncu (tests/support/fake_ncu.py) on
+PATH, with one that lacks permission to read counters, and with none; and how a recorded
+profile re-ranks `perfloop next`."""
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, pythonpath
+
+from perfloop import ncu, profile_rank
+from perfloop.decide import Suggestion
+from perfloop.playbook import SHIPPED, Optimization
+
+FAKE = ROOT / "tests" / "support" / "fake_ncu.py"
+DRAM = "dram__throughput.avg.pct_of_peak_sustained_elapsed"
+SM = "sm__throughput.avg.pct_of_peak_sustained_elapsed"
+GMMA = "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active"
+
+
+def path_without_ncu() -> str:
+    return os.pathsep.join(d for d in os.environ["PATH"].split(os.pathsep)
+                           if d and not (Path(d) / "ncu").exists())
+
+
+@pytest.fixture
+def fake_ncu(tmp_path):
+    """A folder holding an executable `ncu` (the stand-in), and the log of its calls."""
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    script = folder / "ncu"
+    script.write_text(f"#!/bin/sh\nexec {sys.executable} {FAKE} \"$@\"\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return folder, tmp_path / "ncu-calls.jsonl"
+
+
+def cli(scratch, *args, path: str, json_out=True, **env):
+    proc = subprocess.run([sys.executable, "-m", "perfloop", *args, *(["--json"] if json_out else [])],
+                          cwd=scratch.path, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": pythonpath(), "PATH": path, **env})
+    if not json_out:
+        return proc.returncode, proc.stdout, proc.stderr
+    return proc.returncode, json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+
+
+@pytest.fixture
+def started(scratch):
+    assert scratch.cli("init", "--kernel", "scripted")[0] == 0
+    return scratch
+
+
+def profile_with(started, fake_ncu, mode: str, **env):
+    folder, log = fake_ncu
+    return cli(started, "profile", "--kernel", "scripted",
+               path=f"{folder}{os.pathsep}{path_without_ncu()}", FAKE_NCU_MODE=mode,
+               FAKE_NCU_LOG=str(log), **env)
+
+
+# ---- ncu's output -------------------------------------------------------------------------------
+CSV = """==PROF== Connected to process 11 (/usr/bin/python3)
+"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"
+"0","11","python3","h","fill(float*)","1","7","(128, 1, 1)","(8, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","nsecond","5,000"
+"1","11","python3","h","main_kernel","1","7","(128, 1, 1)","(1024, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","usecond","2,048.5"
+"1","11","python3","h","main_kernel","1","7","(128, 1, 1)","(1024, 1, 1)","0","9.0","Command line profiler metrics","launch__registers_per_thread","register/thread","168"
+"1","11","python3","h","main_kernel","1","7","(128, 1, 1)","(1024, 1, 1)","0","9.0","Command line profiler metrics","smsp__sass_inst_executed_op_local_ld.sum","inst","n/a"
+==PROF== Disconnected from process 11
+"""
+
+
+def test_ncu_csv_is_parsed_per_kernel_and_the_longest_kernel_is_the_one_that_counts():
+    # (5,000 ns of fill against 2,048.5 us of the main kernel: units count, not digits)
+    kernels = ncu.parse(CSV)
+    assert [k["name"] for k in kernels] == ["fill(float*)", "main_kernel"]
+    main = ncu.main_kernel(kernels)
+    assert main["name"] == "main_kernel" and main["grid"] == "(1024, 1, 1)"
+    assert main["metrics"]["gpu__time_duration.sum"] == {"unit": "usecond", "value": 2048.5,
+                                                         "raw": "2,048.5"}
+    picked = ncu.pick(main, {"registers": ["launch__registers_per_thread"],
+                             "spills": ["smsp__sass_inst_executed_op_local_ld.sum"],
+                             "tensor": ["nope", "launch__registers_per_thread"]})
+    assert picked["registers"] == {"metric": "launch__registers_per_thread", "value": 168.0,
+                                   "unit": "register/thread"}
+    assert "spills" not in picked and picked["tensor"]["value"] == 168.0   # n/a is no number
+
+
+def test_ncu_errors_are_recognized():
+    assert ncu.permission_denied("==ERROR== ERR_NVGPUCTRPERM - The user does not have ...")
+    wanted = [DRAM, GMMA, "smsp__sass_inst_executed_op_local_ld.sum"]
+    text = ("==ERROR== Failed to find metric regex:^sm__pipe_tensor_op_gmma_cycles_active\\.avg"
+            "\\.pct_of_peak_sustained_active$\n==ERROR== Failed to find metric "
+            "regex:^smsp__sass_inst_executed_op_local_ld\\.(sum|avg|min|max)$")
+    assert ncu.unknown_metrics(text, wanted) == wanted[1:]
+    assert ncu.unknown_metrics("==PROF== ok", wanted) == []
+    cmd = ncu.command("ncu", [DRAM, SM], ["python", "t.py"], log="x.csv", kernel_name="gemm")
+    assert cmd[:6] == ["ncu", "--csv", "--print-units", "base", "--metrics", f"{DRAM},{SM}"]
+    assert cmd[-4:] == ["--kernel-name", "regex:gemm", "python", "t.py"]
+    assert "--target-processes" in cmd and cmd[cmd.index("--profile-from-start") + 1] == "off"
+
+
+# ---- the rules, as a pure function ------------------------------------------------------------
+def _opt(opt_id, family):
+    return Optimization(opt_id, opt_id, family, opt_id, (1,), ("memory-bound",),
+                        {"memory-bound": 1}, "")
+
+
+RANKED = [Suggestion(_opt("fast_math", "math"), (True,), 1, "priority 1"),
+          Suggestion(_opt("memory_path", "memory"), ("x",), 2, "priority 2"),
+          Suggestion(_opt("tile_shape", "tile"), ((1, 2),), 3, "priority 3"),
+          Suggestion(_opt("occupancy", "occupancy"), (2,), 4, "priority 4")]
+
+
+def metrics(**values):
+    units = {"registers": "register/thread", "local_loads": "inst"}
+    return {k: {"metric": f"metric_of_{k}", "value": v, "unit": units.get(k, "%")}
+            for k, v in values.items()}
+
+
+def test_shipped_rules_move_memory_and_tile_up_for_a_dram_bound_profile():
+    rules = profile_rank.load(SHIPPED)
+    out = profile_rank.adjust(RANKED, metrics(dram_pct=85.0, sm_pct=30.0), rules, "memory-bound")
+    assert [sg.optimization.id for sg in out] == ["memory_path", "tile_shape", "fast_math",
+                                                  "occupancy"]
+    assert out[0].rank == -1 and out[0].reason.startswith(
+        "the profile: metric_of_dram_pct = 85% (>= 60), DRAM-bound, moved it up 3")
+    assert "moved it down 2" in out[2].reason and out[3].reason == "priority 4"
+
+
+def test_spills_and_low_occupancy_move_tile_and_occupancy_up():
+    rules = profile_rank.load(SHIPPED)
+    out = profile_rank.adjust(RANKED, metrics(local_loads=1024.0, occupancy_pct=22.0,
+                                              registers=255.0), rules, "memory-bound")
+    ids = [sg.optimization.id for sg in out]
+    assert ids[0] == "tile_shape" and ids.index("occupancy") < ids.index("memory_path")
+    assert out[0].rank == -1 and out[ids.index("occupancy")].rank == 1
+    assert "metric_of_local_loads = 1024 inst (> 0)" in out[0].reason   # the largest move
+    # a rule for matmuls does not fire on a memory-bound kernel without the tag
+    assert profile_rank.firing(rules, metrics(tensor_pct=5.0), "memory-bound") == []
+    assert profile_rank.firing(rules, metrics(tensor_pct=5.0), "memory-bound", ("matmul",))
+    # no metrics, no change
+    assert profile_rank.adjust(RANKED, {}, rules, "memory-bound") == RANKED
+
+
+def test_broken_rules_are_one_clear_line(tmp_path):
+    from perfloop.errors import UserError
+
+    (tmp_path / "profile_rules.toml").write_text(
+        '[metrics]\ndram_pct = ["d"]\n[[rule]]\nname = "x"\nwhen = { dram_pct = "about 60" }\n'
+        "move = { tile = -1 }\n")
+    with pytest.raises(UserError, match="must be '<op> <number>'"):
+        profile_rank.load(tmp_path)
+    (tmp_path / "profile_rules.toml").write_text(
+        '[metrics]\ndram_pct = ["d"]\n[[rule]]\nname = "x"\nwhen = { sm = "> 1" }\nmove = { tile = -1 }\n')
+    with pytest.raises(UserError, match="sm is not a key of"):
+        profile_rank.load(tmp_path)
+
+
+# ---- perfloop profile, and next ------------------------------------------------------------------
+def test_profile_records_ncus_values_and_next_ranks_by_them(started, fake_ncu):
+    code, out, err = profile_with(started, fake_ncu, "memory")
+    assert code == 0, err
+    assert out["kernel_name"] == "cutile_kernel_main" and out["shape"] == "head"
+    assert out["metrics"]["dram_pct"] == {"metric": DRAM, "value": 86.41, "unit": "%"}
+    assert out["metrics"]["duration_ns"]["value"] == 612448.0
+    record = json.loads((started.path / "sandbox/scripted/profile.json").read_text())
+    assert record["commit"] == started.head() and record["ncu"]["version"] == "2024.1.1.0"
+    assert record["command"][0].endswith("ncu") and "--csv" in record["command"]
+    assert {k["name"] for k in record["kernels"]} == {"vectorized_elementwise_kernel",
+                                                     "cutile_kernel_main"}
+    assert record["kernels"][1]["metrics"][DRAM]["raw"] == "86.41"
+    assert record["knobs"]["tile"] == [1, 1024] and record["wall_s"] > 0
+    [call] = [json.loads(line) for line in fake_ncu[1].read_text().splitlines()]
+    # ncu ran the incumbent's launch at the headline shape, and it ran to its end
+    assert call["app"][1:4] == ["-P", "-m", "perfloop.profile_target"]
+    assert call["app_returncode"] == 0
+    assert call["options"]["--target-processes"] == "all"
+    assert call["options"]["--profile-from-start"] == "off"
+    target = json.loads(Path(call["app"][-1]).read_text())
+    assert target["shape"]["name"] == "head" and target["launches"] == 1
+    assert list((started.path / "sandbox/scripted/work").glob("profile-*/target-done.json"))
+
+    code, memory, _ = started.cli("next", "--kernel", "scripted")
+    assert code == 0 and memory["profile"]["used"]
+    assert memory["suggestions"][0]["id"] == "tile_shape"
+    assert f"{DRAM} = 86.41%" in memory["suggestions"][0]["reason"]
+
+    code, out, err = profile_with(started, fake_ncu, "compute")
+    assert code == 0, err
+    code, compute, _ = started.cli("next", "--kernel", "scripted")
+    assert compute["suggestions"][0]["id"] == "fast_math"
+    assert f"{SM} = 83.14%" in compute["suggestions"][0]["reason"]
+    assert [s["id"] for s in memory["suggestions"]] != [s["id"] for s in compute["suggestions"]]
+    code, text, _ = cli(started, "next", "--kernel", "scripted", path=path_without_ncu(),
+                        json_out=False)
+    assert code == 0 and "profile of the incumbent" in text and f"{SM} = 83.14%" in text
+    code, text, _ = cli(started, "report", "--kernel", "scripted", path=path_without_ncu(),
+                        json_out=False)
+    assert "profile (Nsight Compute, the final incumbent, kernel cutile_kernel_main): " in text
+    assert "sm_pct 83.14%" in text
+
+
+def test_a_profile_of_an_older_incumbent_is_not_used(scratch, fake_ncu):
+    scratch.script([{"when": {"fast_math": True}, "factor": {"*": 0.8}}])
+    scratch.commit_all("script")
+    assert scratch.cli("init", "--kernel", "scripted")[0] == 0
+    code, plain, _ = scratch.cli("next", "--kernel", "scripted")
+    assert plain["profile"] is None
+    assert profile_with(scratch, fake_ncu, "memory")[0] == 0
+    code, ranked, _ = scratch.cli("next", "--kernel", "scripted")
+    assert ranked["suggestions"][0]["id"] == "tile_shape"
+    code, step, _ = scratch.cli("step", "--kernel", "scripted", "--opt", "fast_math")
+    assert step["experiment"]["status"] == "keep"
+    code, after, _ = scratch.cli("next", "--kernel", "scripted")
+    assert after["profile"]["used"] is False and "older incumbent" in after["profile"]["why"]
+    assert after["suggestions"][0]["id"] == "tile_shape"    # by class: fast math was tried
+    assert all("the profile" not in s["reason"] for s in after["suggestions"])
+
+
+def test_metrics_ncu_lacks_are_dropped_and_the_rest_measured(started, fake_ncu):
+    code, out, err = profile_with(started, fake_ncu, "memory", FAKE_NCU_UNKNOWN=GMMA)
+    assert code == 0, err
+    assert out["unavailable"] == [GMMA] and "dram_pct" in out["metrics"]
+    calls = [json.loads(line) for line in fake_ncu[1].read_text().splitlines()]
+    assert len(calls) == 2 and calls[0]["app_returncode"] is None   # the first never ran it
+    assert GMMA in calls[0]["options"]["--metrics"] and GMMA not in calls[1]["options"]["--metrics"]
+
+
+def test_without_permission_to_read_counters_profile_says_so_in_one_line(started, fake_ncu):
+    before = started.snapshot()
+    folder, log = fake_ncu
+    code, text, err = cli(started, "profile", "--kernel", "scripted", json_out=False,
+                          path=f"{folder}{os.pathsep}{path_without_ncu()}", FAKE_NCU_MODE="perm")
+    assert code == 3 and text == ""
+    assert len(err.strip().splitlines()) == 1 and "ERR_NVGPUCTRPERM" in err
+    assert "Traceback" not in err and started.snapshot() == before
+    assert not (started.path / "sandbox/scripted/profile.json").exists()
+    code, nxt, _ = started.cli("next", "--kernel", "scripted")
+    assert nxt["profile"] is None and nxt["suggestions"][0]["id"] == "fast_math"
+
+
+def test_without_ncu_profile_says_so_in_one_line(started):
+    code, out, _ = cli(started, "profile", "--kernel", "scripted", path=path_without_ncu())
+    assert code == 3 and out["ok"] is False and "ncu" in out["error"] and "\n" not in out["error"]
+    code, text, err = cli(started, "profile", "--kernel", "scripted", path=path_without_ncu(),
+                          json_out=False)
+    assert code == 3 and err.startswith("perfloop: error: profiling needs Nsight Compute")
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_profile_before_a_run_and_with_bad_arguments(scratch):
+    code, out, _ = scratch.cli("profile", "--kernel", "scripted")
+    assert code == 2 and "no run of 'scripted' yet" in out["error"]
+    code, out, _ = scratch.cli("profile", "--kernel", "scripted", "--launch-count", "-1")
+    assert code == 2 and "must be 0 or more" in out["error"]
+
+
+def test_run_profile_profiles_each_new_incumbent_and_ranks_by_it(scratch, fake_ncu):
+    scratch.script([{"when": {"fast_math": True}, "factor": {"*": 0.8}},
+                    {"when": {"tile": [1, 2048]}, "factor": {"*": 0.9}}])
+    scratch.commit_all("script")
+    folder, log = fake_ncu
+    code, out, err = cli(scratch, "run", "--kernel", "scripted", "--max-iterations", "2",
+                         "--profile", path=f"{folder}{os.pathsep}{path_without_ncu()}",
+                         FAKE_NCU_MODE="memory", FAKE_NCU_LOG=str(log))
+    assert code == 0, err
+    done = out["experiments_this_call"]
+    kept = [e["iteration"] for e in done if e["status"] == "keep"]
+    assert [p["iteration"] for p in out["profiles"]] == kept and kept[0] == 0
+    assert all(p["wall_s"] > 0 and p["metrics"]["dram_pct"]["value"] == 86.41
+               for p in out["profiles"])
+    # the DRAM-bound profile of the baseline put the tile first, ahead of fast math
+    assert [e["optimization"] for e in done] == ["baseline", "tile_shape", "fast_math"]
+    record = json.loads((scratch.path / "sandbox/scripted/profile.json").read_text())
+    assert record["commit"] == scratch.head()
+
+
+def test_run_profile_without_ncu_says_so_once_and_goes_on(scratch):
+    scratch.script([{"when": {"fast_math": True}, "factor": {"*": 0.8}}])
+    scratch.commit_all("script")
+    code, text, err = cli(scratch, "run", "--kernel", "scripted", "--max-iterations", "1",
+                          "--profile", path=path_without_ncu(), json_out=False)
+    assert code == 0 and "fast_math" in text           # baseline kept, then fast math kept
+    assert err.splitlines() == [err.splitlines()[0]]   # told once, though two were kept
+    assert err.startswith("profile after iteration 0: profiling needs Nsight Compute")
+    assert len(scratch.records()) == 2 and scratch.records()[1]["status"] == "keep"
