@@ -43,6 +43,8 @@ def command(path: str, metrics: list[str], target: list[str], *, log: str,
     in base units (ns, not an auto-scaled us or ms)."""
     cmd = [path, "--csv", "--print-units", "base", "--metrics", ",".join(metrics),
            "--target-processes", "all",
+           # the clocks the timer measured at: ncu's default locks them to base
+           "--clock-control", "none",
            "--profile-from-start", "off", "--launch-skip", str(launch_skip),
            "--launch-count", str(launch_count), "--log-file", log]
     if kernel_name:

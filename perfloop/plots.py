@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 
+from perfloop.errors import UserError
+
 # experiment outcome -> (marker, colour, filled, legend label)
 EXPERIMENT_STYLE = {
     "keep": ("o", "#2a9d45", True, "kept"),
@@ -23,8 +25,12 @@ CANDIDATE_STYLE = {
 
 
 def _figure(width: float, height: float):
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise UserError("report --html and --png draw with matplotlib, which is not installed "
+                        "here: pip install 'matplotlib>=3.7' (the text report needs nothing)")
 
     fig = Figure(figsize=(width, height), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
@@ -97,6 +103,9 @@ def latency(panels: dict[str, list[dict]], floors: dict, compiled: dict, headlin
         ax.grid(True, alpha=0.3)
     axes[-1].set_xlabel("iteration")
     axes[-1].xaxis.get_major_locator().set_params(integer=True)
+    lo, hi = axes[-1].get_xlim()
+    if hi - lo < 2:  # a run of one or two iterations: whole-number ticks, not -0.04 .. 0.04
+        axes[-1].set_xlim((lo + hi) / 2 - 1, (lo + hi) / 2 + 1)
     fig.legend(handles=list(handles.values()), loc="outside lower center", ncols=3, fontsize=8)
     return fig
 

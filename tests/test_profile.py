@@ -4,13 +4,14 @@ profile re-ranks `perfloop next`."""
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, pythonpath
+from conftest import ROOT, Scratch, git, pythonpath
 
 from perfloop import ncu, profile_rank
 from perfloop.decide import Suggestion
@@ -178,6 +179,7 @@ def test_profile_records_ncus_values_and_next_ranks_by_them(started, fake_ncu):
     assert call["app_returncode"] == 0
     assert call["options"]["--target-processes"] == "all"
     assert call["options"]["--profile-from-start"] == "off"
+    assert call["options"]["--clock-control"] == "none"
     target = json.loads(Path(call["app"][-1]).read_text())
     assert target["shape"]["name"] == "head" and target["launches"] == 1
     assert list((started.path / "sandbox/scripted/work").glob("profile-*/target-done.json"))
@@ -286,3 +288,59 @@ def test_run_profile_without_ncu_says_so_once_and_goes_on(scratch):
     assert err.splitlines() == [err.splitlines()[0]]   # told once, though two were kept
     assert err.startswith("profile after iteration 0: profiling needs Nsight Compute")
     assert len(scratch.records()) == 2 and scratch.records()[1]["status"] == "keep"
+
+
+# ---- on the GPU, with the real ncu ---------------------------------------------------------------
+def _real_kernels(tmp_path, *names):
+    """A repository holding shipped kernels, their judges and the playbook, as a user's would."""
+    repo = tmp_path / "repo"
+    for name in names:
+        shutil.copytree(ROOT / "kernels" / name, repo / "kernels" / name,
+                        ignore=shutil.ignore_patterns("RESULTS.md", "perf_results.md",
+                                                      "__pycache__", "bench_*.py"))
+        (repo / "tests").mkdir(exist_ok=True)
+        shutil.copy(ROOT / "tests" / f"test_{name}.py", repo / "tests" / f"test_{name}.py")
+    shutil.copytree(ROOT / "playbook", repo / "playbook")
+    (repo / ".gitignore").write_text("sandbox/\n__pycache__/\n")
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "config", "user.email", "t@example.com")
+    git(repo, "config", "user.name", "t")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "kernels")
+    s = Scratch.__new__(Scratch)
+    s.path, s.kernel = repo, repo / "kernels" / names[0]
+    return s
+
+
+@pytest.mark.gpu
+def test_real_ncu_profiles_swiglu_and_matmul_and_next_ranks_them_apart(tmp_path):
+    if not any((Path(d) / "ncu").exists() for d in os.environ["PATH"].split(os.pathsep) if d):
+        pytest.skip("no ncu on PATH")
+    s = _real_kernels(tmp_path, "swiglu", "matmul")
+    ranked = {}
+    for name in ("swiglu", "matmul"):
+        code, out, err = s.cli("init", "--kernel", name)
+        assert code == 0, (out, err)
+        code, out, err = s.cli("profile", "--kernel", name)
+        print(name, json.dumps(out, indent=1))
+        assert code == 0, (out, err)
+        m = out["metrics"]
+        assert "cutile" in out["kernel_name"] or name in out["kernel_name"], out["kernel_name"]
+        for key in ("duration_ns", "dram_pct", "sm_pct", "registers", "occupancy_pct"):
+            assert key in m and m[key]["value"] >= 0, key
+        code, nxt, err = s.cli("next", "--kernel", name)
+        assert code == 0 and nxt["profile"]["used"], (nxt, err)
+        ranked[name] = nxt["suggestions"]
+        print(name, [(x["id"], x["reason"]) for x in nxt["suggestions"][:4]])
+        record = json.loads((s.path / "sandbox" / name / "profile.json").read_text())
+        ranked[name + "_metrics"] = {k: v["value"] for k, v in record["metrics"].items()}
+        ranked[name + "_names"] = [v["metric"] for v in record["metrics"].values()]
+    # an elementwise kernel at its copy floor keeps DRAM busy; a plain 64x64x32 matmul does not
+    assert ranked["swiglu_metrics"]["dram_pct"] >= 60 > ranked["matmul_metrics"]["dram_pct"]
+    assert "tensor_pct" in ranked["matmul_metrics"]
+    assert [x["id"] for x in ranked["swiglu"]] != [x["id"] for x in ranked["matmul"]]
+    for name in ("swiglu", "matmul"):
+        # at least one suggestion was moved by a metric, and its reason names that metric
+        quoted = [x for x in ranked[name]
+                  if any(f"{metric} = " in x["reason"] for metric in ranked[name + "_names"])]
+        assert quoted, ranked[name]

@@ -307,6 +307,18 @@ def test_report_files_only_where_they_can_do_no_harm(finished, where, message):
     assert not (finished.kernel / "report.html").exists()
 
 
+def test_without_matplotlib_the_html_report_says_how_to_get_it(finished, tmp_path):
+    shadow = tmp_path / "shadow" / "matplotlib"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('no matplotlib here')\n")
+    env = {"PYTHONPATH": f"{shadow.parent}{os.pathsep}{pythonpath()}"}
+    out = tmp_path / "r.html"
+    code, r, _ = finished.cli("report", "--kernel", "scripted", "--html", str(out), env=env)
+    assert code == 2 and "pip install 'matplotlib" in r["error"] and not out.exists()
+    code, r, _ = finished.cli("report", "--kernel", "scripted", env=env)
+    assert code == 0 and r["final"]
+
+
 def test_latency_points_mark_each_outcome(finished):
     recs = finished.records()
     points = review.latency_points(recs, "head")

@@ -9,8 +9,9 @@ import os
 import subprocess
 import sys
 
-VALUE_OPTIONS = {"--metrics", "--print-units", "--target-processes", "--profile-from-start", "--launch-skip",
-                 "--launch-count", "--log-file", "--kernel-name"}
+VALUE_OPTIONS = {"--metrics", "--print-units", "--clock-control", "--target-processes",
+                 "--profile-from-start", "--launch-skip", "--launch-count", "--log-file",
+                 "--kernel-name"}
 HEADER = ['ID', 'Process ID', 'Process Name', 'Host Name', 'Kernel Name', 'Context', 'Stream',
           'Block Size', 'Grid Size', 'Device', 'CC', 'Section Name', 'Metric Name',
           'Metric Unit', 'Metric Value']
