@@ -145,6 +145,21 @@ def test_spills_and_low_occupancy_move_tile_and_occupancy_up():
     assert profile_rank.adjust(RANKED, {}, rules, "memory-bound") == RANKED
 
 
+def test_a_latency_bound_profile_puts_how_memory_is_issued_first():
+    # softmax's plain version on an H100: DRAM 31%, SM 23%, 13% occupancy at 168 registers;
+    # the TMA store was what held it back (2.9x), so the TMA entries must come before the tile
+    ranked = RANKED + [Suggestion(_opt("store_tma", "tma"), (False,), 1, "priority 1")]
+    rules = profile_rank.load(SHIPPED)
+    out = profile_rank.adjust(ranked, metrics(dram_pct=31.36, sm_pct=23.27, occupancy_pct=13.1,
+                                              registers=168.0), rules, "memory-bound")
+    ids = [sg.optimization.id for sg in out]
+    assert ids[0] == "store_tma" and ids.index("store_tma") < ids.index("tile_shape")
+    assert "latency-bound, moved it up 3" in out[0].reason
+    # a busy DRAM is not latency-bound
+    fired = profile_rank.firing(rules, metrics(dram_pct=45.0, sm_pct=20.0), "memory-bound")
+    assert "latency-bound" not in [rule.name for rule, _ in fired]
+
+
 def test_broken_rules_are_one_clear_line(tmp_path):
     from perfloop.errors import UserError
 
