@@ -362,3 +362,36 @@ def test_row_bucket_is_the_dtype_and_the_row_widths_power_of_two():
     assert dispatch.row_bucket((T("torch.bfloat16", (16384, 4096)),)) == "bfloat16/n4096"
     assert dispatch.row_bucket((T("torch.float32", (2, 2048, 5000)),)) == "float32/n8192"
     assert dispatch.row_bucket((T("torch.float16", (7, 1)),)) == "float16/n1"
+
+
+def test_the_chosen_candidate_is_re_timed_without_the_cliff_drop(monkeypatch):
+    # On an H100 a softmax candidate ran 1.26x the incumbent's time at one shape in the first
+    # pass, then showed a 9.7x warm-up there when re-timed; dropped as a cliff, it left the
+    # experiment with nothing timed (recorded as a crash). The re-timing pass has no cliff drop.
+    from perfloop import worker
+
+    w = worker.Worker.__new__(worker.Worker)
+    w.settings = Measure(rounds=3, round_ms=5, warmup_ms=20, min_reps=3, max_reps=5, cliff_ratio=4)
+    w.failed, w.select, w.gpu, w.stream_check, w.overhead = {}, True, False, "not run", {}
+    w.labels = ["incumbent", "incumbent-again", "a", "b"]
+    w.clock = FakeClock()
+    w.clock.describe = lambda: {"clock": "fake"}
+    w.spec = {"shapes": [{"name": "head", "dims": [8], "dtype": "float32"},
+                         {"name": "guard", "dims": [8], "dtype": "float32"}],
+              "headline": "head", "variants": [{"label": x} for x in
+                                                ("incumbent", "incumbent-again", "a", "b")]}
+    seen = []
+    ms = {"incumbent": 1.0, "incumbent-again": 1.0, "a": 0.9, "b": 0.95}
+
+    def time_shape(shape, labels, seed, index, settings):
+        seen.append((shape.name, tuple(labels), settings.cliff_ratio))
+        return {"rounds": {label: [[ms[label]] * 3] * 3 for label in labels}}
+
+    monkeypatch.setattr(w, "_time_shape", time_shape)
+    monkeypatch.setattr(worker.envinfo, "capture", lambda gpu: {})
+    result = w.run()
+    assert result["best"] == "a" and len(result["passes"]) == 2
+    first = [s for s in seen if "b" in s[1]]
+    again = [s for s in seen if "b" not in s[1]]
+    assert {s[2] for s in first} == {4} and len(first) == 2       # candidates: cliffs dropped
+    assert {s[2] for s in again} == {None} and len(again) == 2    # the chosen one, re-timed: not
