@@ -19,7 +19,7 @@ FOLDER = Path(__file__).resolve().parent.parent / "kernels" / "swiglu"
 # (dtype, shape): tails that no tile width divides, a single element, 3-D, a full-width row
 CASES = [("bfloat16", (257, 1000)), ("float16", (3, 5, 777)), ("float32", (64, 4096)),
          ("bfloat16", (2, 3000)), ("float32", (1, 1)), ("bfloat16", (130, 11008)),
-         ("float16", (33, 8193))]
+         ("float16", (33, 8193)), ("float32", (2, 64, 5000))]
 SEEDS = (0, 1)
 # the kernel's declared tolerances (kernel.toml), the same the timing worker checks with
 TOLERANCE = {dtype: tolerance(FOLDER, dtype) for dtype in ("bfloat16", "float16", "float32")}
@@ -30,7 +30,7 @@ COMBOS = {
     "all-gather": {"memory_path": "gather_scatter", "fast_math": True, "tile": [2, 4096],
                    "persistent": True, "occupancy": 8, "latency": 4},
     "all-tiles": {"tile": [4, 1024], "persistent": True, "num_ctas": 2,
-                  "store_allow_tma": False, "latency": 8, "fast_math": True},
+                  "store_allow_tma": False, "latency": 8, "fast_math": True, "flat": True},
 }
 
 

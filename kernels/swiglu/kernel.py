@@ -11,6 +11,9 @@ Every knob in knobs.json is a compile-time constant or a kernel hint:
   store_allow_tma  allow_tma on the store (null: the compiler's choice)
   persistent       grid of SM count x occupancy blocks striding over the work
   autotune         launch through perfloop's autotune layer (occupancy searched once per shape)
+  flat             view the (contiguous) inputs as rows of the tile's width, when that width
+                   divides their size: elementwise, so rows do not matter, and no tile is then
+                   cut short at the end of each row (n = 5000 leaves a 904-wide tail tile)
 Each distinct variant is compiled once: kernel objects are cached by their hints, and cuTile
 caches the compiled code per set of constants.
 """
@@ -118,6 +121,17 @@ def _as_2d(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, t.shape[-1]) if t.is_contiguous() else t.contiguous().view(-1, t.shape[-1])
 
 
+def _operands(knobs: dict, inputs, out) -> tuple:
+    """(a, b, c) as 2-D views: rows of the input's last dimension, or, with `flat` and a size
+    the tile's width divides, rows of that width."""
+    a, b = (_as_2d(t) for t in inputs)
+    c = out.view(-1, out.shape[-1])
+    width = knobs["tile"][1]
+    if knobs.get("flat") and a.numel() % width == 0:
+        a, b, c = (t.view(-1, width) for t in (a, b, c))
+    return a, b, c
+
+
 def build(knobs: dict):
     """launch(inputs, out) for these knob values; out has the inputs' shape and dtype.
     Values in knobs.json's "dispatch" table hold only for their bucket of inputs (bucket)."""
@@ -134,8 +148,7 @@ def _build_one(knobs: dict):
     kern = kernel_object(knobs["occupancy"], knobs["num_ctas"])
 
     def launch(inputs, out):
-        a, b = (_as_2d(t) for t in inputs)
-        c = out.view(-1, out.shape[-1])
+        a, b, c = _operands(knobs, inputs, out)
         ct.launch(torch.cuda.current_stream(), grid(knobs, *a.shape, a.device), kern,
                   (a, b, c, *consts))
         return out
@@ -155,8 +168,7 @@ def _autotuned(knobs: dict, consts: tuple):
                       source=Path(__file__).read_bytes() + repr(sorted(knobs.items())).encode())
 
     def launch(inputs, out):
-        a, b = (_as_2d(t) for t in inputs)
-        c = out.view(-1, out.shape[-1])
+        a, b, c = _operands(knobs, inputs, out)
         key = (tuple(a.shape), str(a.dtype), str(a.device))
         tuner.launch(torch.cuda.current_stream(), key,
                      grid_fn=lambda cfg: grid(knobs, *a.shape, a.device, cfg["occupancy"]),
