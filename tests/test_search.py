@@ -191,7 +191,17 @@ def test_a_candidate_far_slower_in_warm_up_is_dropped_after_two_runs():
     rounds = measure.alternating(FakeClock(), {"incumbent": lambda: 1.0, "fast": lambda: 0.9,
                                                "slow": slow}, settings)
     assert set(rounds.rounds) == {"incumbent", "fast"} and rounds.cliffs == {"slow": 15.0}
-    assert calls["slow"] <= 1 + 10 + 3   # first call, host timing, two warm-up runs (+first)
+    assert calls["slow"] <= 1 + 10 + 2 * 3   # first call, host timing, two warm-ups of two runs
+    # a slow start is retried, not dropped: it ran 15x for its first runs, then 0.9x
+    late = {"n": 0}
+
+    def slow_start():
+        late["n"] += 1
+        return 15.0 if late["n"] <= 14 else 0.9
+
+    started = measure.alternating(FakeClock(), {"incumbent": lambda: 1.0, "late": slow_start},
+                                  settings)
+    assert set(started.rounds) == {"incumbent", "late"} and started.cliffs == {}
     # labels whose output is not checked (the control, PyTorch's versions) are never dropped
     kept = measure.alternating(FakeClock(), {"incumbent": lambda: 1.0, "torch": slow}, settings,
                                unverified={"torch"})
