@@ -234,6 +234,7 @@ def test_the_winner_of_several_candidates_is_timed_again_before_it_is_kept(scrat
 
 
 # ---- on the GPU: SwiGLU, edited by an agent ----------------------------------------------
+BUSY_WAIT_AT = "        a, b, c = _operands(knobs, inputs, out)\n        ct.launch("
 SWIGLU_ATTACKS = {
     # launches 7% fewer blocks when the input is larger than any judge case
     "skip part of the grid at large sizes": (
@@ -243,9 +244,8 @@ SWIGLU_ATTACKS = {
         "        ct.launch(torch.cuda.current_stream(), g, kern,",
         "timed output differs from the reference at llama7b-bf16"),
     "return without launching at large sizes": (
-        "        a, b = (_as_2d(t) for t in inputs)\n        c = out.view(-1, out.shape[-1])\n"
-        "        ct.launch(",
-        "        a, b = (_as_2d(t) for t in inputs)\n        c = out.view(-1, out.shape[-1])\n"
+        "        a, b, c = _operands(knobs, inputs, out)\n        ct.launch(",
+        "        a, b, c = _operands(knobs, inputs, out)\n"
         "        if a.numel() > 50_000_000:\n            return out\n        ct.launch(",
         "timed output differs from the reference at llama7b-bf16"),
     "move the work to a side stream": (
@@ -256,6 +256,15 @@ SWIGLU_ATTACKS = {
         "                  (a, b, c, *consts))",
         "ran work on another CUDA stream"),
 }
+
+
+def test_the_swiglu_attacks_still_match_the_shipped_kernel():
+    # the GPU tests below patch kernel.py by text: an edit of the kernel must not leave them
+    # patching nothing (CI has no GPU, so this is where a drift shows)
+    source = (ROOT / "kernels" / "swiglu" / "kernel.py").read_text()
+    for name, (old, _, _) in SWIGLU_ATTACKS.items():
+        assert source.count(old) == 1, name
+    assert source.count(BUSY_WAIT_AT) == 1 and "import functools\n" in source
 
 
 @pytest.fixture
@@ -304,7 +313,7 @@ def test_swiglu_with_a_host_busy_wait_times_the_same_and_is_not_kept(swiglu_scra
     incumbent = s.head()
     source = s.kernel / "kernel.py"
     original = source.read_text()
-    old = "        a, b = (_as_2d(t) for t in inputs)\n        c = out.view(-1, out.shape[-1])\n        ct.launch("
+    old = BUSY_WAIT_AT
     assert old in original
     source.write_text(original.replace(old, (
         "        until = time.perf_counter() + 40e-6\n"
