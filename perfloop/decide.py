@@ -123,6 +123,7 @@ class Suggestion:
     rank: int
     reason: str
     describe: str = ""   # what the experiment's row will say (search experiments)
+    sampler: dict | None = None   # what chose a joint search's configs (search.JointPlan)
 
 
 def candidates_for(opt: Optimization, knobs: dict, overrides: dict) -> tuple:

@@ -38,6 +38,7 @@ class Proposal:
     optimization: Optimization | None = None
     values: tuple = ()
     describe: str = ""
+    sampler: dict | None = None   # what chose a joint search's configs (search.JointPlan)
 
     @property
     def name(self) -> str:
@@ -48,8 +49,9 @@ class Proposal:
         return self.optimization.id
 
     def to_json(self) -> dict:
-        return {"kind": self.kind, "optimization": self.name, "values": thaw(self.values),
-                "describe": self.describe}
+        out = {"kind": self.kind, "optimization": self.name, "values": thaw(self.values),
+               "describe": self.describe}
+        return {**out, "sampler": self.sampler} if self.sampler else out
 
 
 def label_for(value_index: int) -> str:
@@ -159,9 +161,11 @@ def _run(s: Session, proposal: Proposal) -> dict:
     allowed = [s.spec.folder, work]  # what children may import from inside the repository
     control = dict(variants[0], label=CONTROL)
     screened: dict = {}
+    screen_ratios: dict = {}
     if proposal.kind == PLAYBOOK and len(candidates) > rules.search.screen_above:
         t = time.monotonic()
-        screened = _screen(s, variants, contract_dir, work, env, deadline, allowed)
+        screened, screen_ratios = _screen(s, variants, contract_dir, work, env, deadline,
+                                          allowed)
         phase_s["screen"] = phases.elapsed(t)
         candidates = [v for v in candidates if v["label"] not in screened]
         variants = [variants[0]] + candidates
@@ -268,6 +272,10 @@ def _run(s: Session, proposal: Proposal) -> dict:
         "phases_s": {**phase_s, "total": phases.elapsed(t0)}, "compile_ahead": compile_ahead,
         "started_at": started, "finished_at": time.time(),
     }
+    if proposal.sampler:  # a joint search: what chose its configs, out of how many
+        record["sampler"] = proposal.sampler
+    if screen_ratios:  # every candidate's ratio at the headline in the screening pass
+        record["screening"] = {"shape": head_name, "ratios": screen_ratios}
     records.append(s.records_path, record)
     crashpoint("record", iteration)
     finish(s, record)
@@ -275,10 +283,11 @@ def _run(s: Session, proposal: Proposal) -> dict:
 
 
 def _screen(s: Session, variants: list[dict], contract_dir, work, env, deadline: float,
-            allowed: list) -> dict:
+            allowed: list) -> tuple[dict, dict]:
     """Time every candidate at the headline only, in a few rounds, outputs checked as always;
     return the outcomes of those that do not go on: all but the [search] screen_keep fastest,
-    and any that failed, crashed or fell off a cliff there."""
+    and any that failed, crashed or fell off a cliff there; and {label: time ratio against the
+    incumbent at the headline} of those timed (the joint search's sampler is told them)."""
     rules = s.playbook.rules
     quick = dataclasses.replace(rules, measure=dataclasses.replace(
         rules.measure, rounds=rules.search.screen_rounds))
@@ -290,7 +299,7 @@ def _screen(s: Session, variants: list[dict], contract_dir, work, env, deadline:
     labels = [v["label"] for v in variants[1:]]
     if timing.crashed or not timing.raw:  # keep the most promising, by the proposal's order
         return {label: (SCREENED, f"not judged: screening failed ({timing.crashed})")
-                for label in labels[rules.search.screen_keep:]}
+                for label in labels[rules.search.screen_keep:]}, {}
     out = {label: (OK, "") for label in labels}
     _apply_timing(out, timing, PLAYBOOK)
     _void_if_foreign(s, out, timing.imports, allowed, "kernel code imported {} from outside "
@@ -302,7 +311,8 @@ def _screen(s: Session, variants: list[dict], contract_dir, work, env, deadline:
     for label in alive[keep:]:
         out[label] = (SCREENED, f"screened out: {ratios[label]['ratio']:.3f}x the incumbent's "
                                 f"time at {head.name}, behind the {keep} fastest")
-    return {label: o for label, o in out.items() if o[0] != OK}
+    timed = {label: ratios[label]["ratio"] for label in alive}
+    return {label: o for label, o in out.items() if o[0] != OK}, timed
 
 
 def _void_if_foreign(s: Session, outcome: dict, imported: set, allowed: list, why: str) -> None:
@@ -537,5 +547,6 @@ def _proposal_from_flight(s: Session, flight: dict) -> Proposal:
         values = tuple(freeze(v) for v in flight["values"])
         opt = (search.optimization(flight["optimization"], values)
                if flight["optimization"] in search.IDS else s.playbook.get(flight["optimization"]))
-        return Proposal(PLAYBOOK, opt, values, describe=flight.get("describe", ""))
+        return Proposal(PLAYBOOK, opt, values, describe=flight.get("describe", ""),
+                        sampler=flight.get("sampler"))
     return Proposal(flight["kind"], describe=flight.get("describe", ""))

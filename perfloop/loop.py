@@ -126,7 +126,8 @@ def next_proposal(s: Session) -> Proposal | None:
     if not ranked:
         return None
     top = ranked[0]
-    return Proposal(PLAYBOOK, top.optimization, top.candidates, describe=top.describe)
+    return Proposal(PLAYBOOK, top.optimization, top.candidates, describe=top.describe,
+                    sampler=top.sampler)
 
 
 def run(s: Session, report: Callable[[dict], None], max_iterations: int | None = None) -> str:

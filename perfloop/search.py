@@ -13,7 +13,9 @@ Pure functions over the record's lines; iteration.py runs what they propose like
 from __future__ import annotations
 
 import itertools
+import json
 import math
+from dataclasses import dataclass
 
 from perfloop import decide, dispatch
 from perfloop.playbook import CLASSES, Optimization, freeze, thaw
@@ -22,6 +24,7 @@ DISPATCH, JOINT = "dispatch", "joint"
 MULTI = "*"        # the knob of an optimization whose values are {knob: value} patches
 INCUMBENT = "incumbent"
 IDS = (DISPATCH, JOINT)
+ALL, TPE, RANKING = "all", "tpe", "product-ranking"   # what chose a joint search's configs
 
 
 def optimization(opt_id: str, values: tuple) -> Optimization:
@@ -137,16 +140,58 @@ def headline_bucket(recs: list[dict], headline: str) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class JointPlan:
+    """The configs a joint experiment measures, and what chose them: "all" (the space holds
+    max_configs or fewer, every one measured), "tpe" (Optuna's TPE sampler, for a larger
+    space) or "product-ranking" (a larger space without Optuna: the best by the product of
+    the one-knob ratios)."""
+    patches: list[dict]
+    sampler: str = ALL
+    space: int = 0            # the configs that move two knobs or more (cliffs filtered)
+    told: int = 0             # measured configs the sampler was told (tpe)
+    seed: int | None = None   # the sampler's seed (tpe)
+    note: str = ""            # why the product ranking stood in, when it did
+    filled: int = 0           # configs the product ranking added when the asks ran out (tpe)
+
+    def as_record(self) -> dict:
+        out = {"name": self.sampler, "space": self.space, "chosen": len(self.patches)}
+        if self.sampler == TPE:
+            out.update(told=self.told, seed=self.seed, filled_by_ranking=self.filled)
+        if self.note:
+            out["note"] = self.note
+        return out
+
+    def said(self) -> str:
+        if self.sampler == ALL:
+            return f"all {self.space} configs"
+        if self.sampler == TPE:
+            return (f"{len(self.patches)} of {self.space} configs chosen by Optuna's TPE "
+                    f"sampler, told the {self.told} configs the record measured at the headline")
+        return (f"the {len(self.patches)} of {self.space} configs best by the product of the "
+                f"one-knob ratios ({self.note})")
+
+
 def joint_space(recs: list[dict], knobs: dict, headline: str, margin: float,
                 max_configs: int, interactions: list) -> list[dict]:
+    """joint_plan()'s patches."""
+    return joint_plan(recs, knobs, headline, margin, max_configs, interactions).patches
+
+
+def joint_plan(recs: list[dict], knobs: dict, headline: str, margin: float,
+               max_configs: int, interactions: list) -> JointPlan:
     """Patches {knob: value} over the incumbent's plain knobs that move two knobs or more from
     what is in force at the headline (its bucket's dispatch included), the most promising
     first (by the product of the one-knob ratios), at most max_configs; empty unless two knobs
     or more have a value besides the incumbent's worth measuring together. A value dropped as
     a cliff comes only beside a moved knob it interacts with, and that pair counts as no
-    change in the ranking (one-knob ratios say nothing about a pair that interacts)."""
+    change in the ranking (one-knob ratios say nothing about a pair that interacts).
+
+    A space larger than max_configs is sampled by Optuna's TPE sampler (tpe_choose), rebuilt
+    from the record on every call; without Optuna, the product ranking cuts it."""
     measured = _measured(recs, headline)
-    in_force = dispatch.knobs_for(knobs, headline_bucket(recs, headline) or "")
+    bucket = headline_bucket(recs, headline)
+    in_force = dispatch.knobs_for(knobs, bucket or "")
     space: dict[str, list] = {}
     for knob, ratios in measured.items():
         best = min(ratios.values())
@@ -166,8 +211,8 @@ def joint_space(recs: list[dict], knobs: dict, headline: str, margin: float,
         space[knob] = list(dict.fromkeys([current, *space[knob]]))
         if len(space[knob]) < 2:
             del space[knob]
-    if len(space) < 2:
-        return []
+    if len(space) < 2 or max_configs <= 0:
+        return JointPlan([])
     names = sorted(space)
     partners = {n: {y for a, b in interactions for x, y in ((a, b), (b, a)) if x == n}
                 for n in names}
@@ -185,11 +230,119 @@ def joint_space(recs: list[dict], knobs: dict, headline: str, margin: float,
         return math.prod(measured[k].get(v, 1.0) / measured[k].get(freeze(in_force[k]), 1.0)
                          for k, v in change.items() if k not in paired)
 
+    def out(changes: list[dict]) -> list[dict]:
+        return [{k: thaw(v) for k, v in c.items()} for c in changes]
+
     # one knob moved alone was measured by its own step: only combinations are new
     changes = [c for c in map(moved, itertools.product(*(space[k] for k in names)))
                if len(c) >= 2 and not unpaired_cliff(c)]
     changes.sort(key=predicted)
-    return [{k: thaw(v) for k, v in c.items()} for c in changes[:max_configs]]
+    if len(changes) <= max_configs:
+        return JointPlan(out(changes), ALL, len(changes))
+    # a larger space: the configs measured before (at any headline time) are not proposed
+    # again; the sampler picks among the rest
+    told = measured_configs(recs, knobs, headline)
+    seen = {_key(config, names) for config, _ in told}
+    fresh = [c for c in changes if _key({**in_force, **c}, names) not in seen]
+    allowed = {_key({**in_force, **c}, names): c for c in fresh}
+    seed = len(recs)
+    # a config measured more than once (each one-knob step's incumbent) is told its latest ratio
+    latest = list({_key(c, names): (c, r) for c, r in told if r is not None}.values())
+    picked, note = tpe_choose(names, space, latest, allowed, min(max_configs, len(fresh)), seed)
+    if picked is None:
+        return JointPlan(out(fresh[:max_configs]), RANKING, len(changes), note=note)
+    chosen = [allowed[key] for key in picked]
+    rest = [c for c in fresh if _key({**in_force, **c}, names) not in set(picked)]
+    filled = rest[:max_configs - len(chosen)]
+    return JointPlan(out(chosen + filled), TPE, len(changes), told=len(latest), seed=seed,
+                     filled=len(filled))
+
+
+def _key(config: dict, names: list) -> tuple:
+    """A config's identity over the knobs of the space (values frozen, then as JSON text)."""
+    return tuple(_text(config.get(k)) for k in names)
+
+
+def _text(value) -> str:
+    return json.dumps(thaw(freeze(value)), sort_keys=True)
+
+
+def measured_configs(recs: list[dict], knobs: dict, headline: str) -> list[tuple[dict, float | None]]:
+    """(the knobs in force at the headline, the headline time ratio against the incumbent of
+    its experiment, or None where the record holds none) for every config the record measured
+    there: each one-knob step's incumbent (1.0) and candidates, and each joint candidate (the
+    first full pass's ratio, else the screening pass's for one screened out). The
+    incumbent of each experiment is followed through the record (the baseline's knobs, then
+    each kept experiment's); a record without a baseline starts from `knobs`.
+
+    The ratio is against the incumbent of the config's own experiment, not today's: it is the
+    best comparable figure the record holds (experiments ran in different processes, and
+    their absolute times are not comparable), and it ranks configs well as long as the
+    incumbent moved little, which it does within one joint search's reach."""
+    bucket = headline_bucket(recs, headline) or ""
+    incumbent = None
+    out: list[tuple[dict, float | None]] = []
+    for record in recs:
+        base = incumbent if incumbent is not None else knobs
+        knob = record.get("knob")
+        if record["kind"] == "playbook" and knob not in (None, dispatch.KEY):
+            shape = ((first_pass(record) or {}).get(headline) or {}).get("vs_incumbent", {})
+            patches = {label: (o.get("value") if "value" in o else None)
+                       for label, o in (record.get("outcomes") or {}).items()}
+            patches.update((record.get("timing") or {}).get("labels") or {})
+            screening = record.get("screening") or {}
+            screened = screening.get("ratios", {}) if screening.get("shape") == headline else {}
+            if knob != MULTI and (shape or screened):
+                out.append((dispatch.knobs_for({**base, knob: freeze(record.get(
+                    "incumbent_value"))}, bucket), 1.0))
+            for label, value in patches.items():
+                if knob == MULTI and not isinstance(value, dict):
+                    continue
+                applied = (apply_joint(base, value, bucket or None) if knob == MULTI
+                           else {**base, knob: freeze(value)})
+                ratio = shape.get(label, {}).get("ratio", screened.get(label))
+                out.append((dispatch.knobs_for(applied, bucket), ratio))
+        if record.get("status") == decide.KEEP and isinstance(record.get("knobs"), dict):
+            incumbent = record["knobs"]
+    return out
+
+
+def tpe_choose(names: list, space: dict, told: list, allowed: dict, n: int,
+               seed: int) -> tuple[list | None, str]:
+    """Up to n keys of `allowed` (configs by _key) that Optuna's TPE sampler asks for, told
+    every (config, headline ratio) of `told` as a completed trial (minimized); (None, why)
+    when Optuna cannot be imported. The study lives only here: rebuilt from the record on
+    every call, with a seed from it, so a resumed run and `perfloop next` get the same
+    configs. Asks that are not allowed (one knob moved, measured before, an unpaired cliff,
+    a value outside the space, already chosen) stay unanswered; the constant liar makes
+    later asks move away from them. At most 20 asks per config wanted."""
+    try:
+        import optuna
+    except ImportError as exc:
+        return None, f"Optuna could not be imported: {exc}"
+    import warnings
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    choices = {k: list(dict.fromkeys([*(_text(v) for v in space[k]),
+                                      *(_text(c.get(k)) for c, _ in told)])) for k in names}
+    dists = {k: optuna.distributions.CategoricalDistribution(choices[k]) for k in names}
+    with warnings.catch_warnings():  # multivariate and the constant liar are experimental
+        warnings.simplefilter("ignore")
+        sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
+        study = optuna.create_study(direction="minimize", sampler=sampler)
+        for config, ratio in told:
+            study.add_trial(optuna.trial.create_trial(
+                params={k: _text(config.get(k)) for k in names}, distributions=dists,
+                value=float(ratio)))
+        picked: list = []
+        for _ in range(20 * n):  # (n is at most the configs allowed)
+            trial = study.ask(dists)
+            key = tuple(trial.params[k] for k in names)
+            if key in allowed and key not in picked:
+                picked.append(key)
+                if len(picked) == n:
+                    break
+    return picked, ""
 
 
 def joint_tried_since_keep(recs: list[dict]) -> bool:

@@ -46,15 +46,16 @@ def searches(s: Session, recs: list[dict] | None = None) -> list[decide.Suggesti
                                      0, f"won only on some buckets: {why}", describe=said))
     rules = s.playbook.rules.search
     if not search.joint_tried_since_keep(recs):
-        patches = search.joint_space(recs, knobs, s.spec.headline.name, rules.joint_margin,
-                                     rules.joint_max_configs, list(rules.interactions))
+        plan = search.joint_plan(recs, knobs, s.spec.headline.name, rules.joint_margin,
+                                 rules.joint_max_configs, list(rules.interactions))
+        patches = plan.patches
         if patches:
             values = tuple(patches)
             out.append(decide.Suggestion(
                 search.optimization(search.JOINT, values), values, 0,
                 f"{len(patches)} configs of {', '.join(sorted({k for p in patches for k in p}))}"
                 f", the values within {100 * rules.joint_margin:g}% of the best in one-knob "
-                "steps, measured together"))
+                f"steps, measured together: {plan.said()}", sampler=plan.as_record()))
     return out
 
 

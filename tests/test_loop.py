@@ -45,6 +45,11 @@ def test_run_applies_one_optimization_per_iteration_and_stops_by_the_rules(scrat
     joint = recs[4]
     assert joint["optimization"] == "joint" and 1 < len(joint["candidates"]) <= 30
     assert all(set(p) == {"occupancy", "tile"} for p in joint["candidates"])
+    # a space within [search] joint_max_configs is measured whole, and the record says so
+    assert joint["sampler"] == {"name": "all", "space": len(joint["candidates"]),
+                                "chosen": len(joint["candidates"])}
+    if len(joint["candidates"]) > 8:   # screened: every candidate's ratio at the headline
+        assert set(joint["screening"]["ratios"]) <= set(joint["outcomes"])
     # one commit per experiment on the branch, each named for its iteration and optimization
     log = git(scratch.path, "log", "--format=%s", f"{base}..HEAD").splitlines()
     assert log == ["perfloop: iteration 3: occupancy (occupancy=8)",

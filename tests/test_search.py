@@ -147,6 +147,101 @@ def test_the_joint_search_starts_from_what_is_in_force_at_the_headline():
                               None) == {"group": 4, "occupancy": 1}
 
 
+# ---- the joint search's sampler for a space larger than joint_max_configs ------------------
+def _wide():
+    """Four knobs, each with four values worth measuring together (the one in force
+    included): 4**4 - 1 - 12 = 243 configs move two knobs or more."""
+    recs = [_step(k, 1, {2: 0.99 - i / 1000, 3: 1.0, 4: 1.005}, iteration=i + 1)
+            for i, k in enumerate("abcd")]
+    return recs, {k: 1 for k in "abcd"}
+
+
+def _texts(patches):
+    return [json.dumps(p, sort_keys=True) for p in patches]
+
+
+def _joint(patches, ratios: dict, iteration):
+    """A recorded joint experiment: its candidates (patches), the finalists' ratios at the
+    headline in the first pass, the others screened out with theirs."""
+    labels = {f"candidate-{i}": p for i, p in enumerate(patches)}
+    first = {label: {"ratio": ratios[label]} for label in list(labels)[:2]}
+    return {"iteration": iteration, "kind": "playbook", "knob": "*", "correctness": "PASS",
+            "status": "revert", "optimization": "joint", "incumbent_value": None,
+            "outcomes": {label: {"value": p, "outcome": "ok" if label in first else "screened",
+                                 "reason": ""} for label, p in labels.items()},
+            "screening": {"shape": "head", "ratios": ratios},
+            "timing": {"labels": {k: labels[k] for k in first},
+                       "shapes": {"head": {"vs_incumbent": first}}}}
+
+
+def test_a_joint_space_within_the_cap_is_measured_whole_by_the_product_ranking():
+    recs = [_step("tile", [1, 1024], {(1, 2048): 0.99, (4, 0): 0.98}),
+            _step("occupancy", None, {2: 1.01, 4: 1.02})]
+    knobs = {"tile": (1, 1024), "occupancy": None}
+    plan = search.joint_plan(recs, knobs, "head", 0.03, 30, [])
+    # 3 x 3 values: 9 configs, minus the one in force and the 4 that move one knob
+    assert plan.sampler == search.ALL and plan.space == 4 and len(plan.patches) == 4
+    assert plan.patches[0] == {"occupancy": 2, "tile": [4, 0]}     # 0.98 * 1.01 first
+    assert plan.patches == search.joint_space(recs, knobs, "head", 0.03, 30, [])
+    assert plan.as_record() == {"name": "all", "space": 4, "chosen": 4}
+
+
+def test_a_larger_joint_space_is_sampled_by_tpe_rebuilt_from_the_record():
+    pytest.importorskip("optuna")
+    recs, knobs = _wide()
+    plan = search.joint_plan(recs, knobs, "head", 0.03, 30, [])
+    assert plan.sampler == search.TPE and plan.space == 243 and plan.filled == 0
+    assert plan.seed == len(recs) and plan.told == 1 + 4 * 3   # the incumbent, 12 candidates
+    texts = _texts(plan.patches)
+    assert len(texts) == 30 and len(set(texts)) == 30
+    assert all(len(p) >= 2 and all(v in (2, 3, 4) for v in p.values()) for p in plan.patches)
+    # the same 30 again: nothing is kept between calls but the record
+    assert _texts(search.joint_plan(recs, knobs, "head", 0.03, 30, []).patches) == texts
+    # not the product ranking's 30
+    ranked = search.joint_plan(recs, knobs, "head", 0.03, 10**6, []).patches
+    assert len(ranked) == 243 and set(texts) != set(_texts(ranked[:30]))
+    # a config measured before is never proposed, however well it ranks
+    assert ranked[0] == {"a": 2, "b": 2, "c": 2, "d": 2}
+    done = _joint(ranked[:30], {f"candidate-{i}": 0.9 + i / 1000 for i in range(30)},
+                  iteration=5)
+    again = search.joint_plan(recs + [done], knobs, "head", 0.03, 30, [])
+    assert again.sampler == search.TPE and again.told == 13 + 30 and again.seed == 5
+    assert len(set(_texts(again.patches))) == 30
+    assert not set(_texts(again.patches)) & set(_texts(ranked[:30]))
+    assert set(_texts(again.patches)) != set(texts)
+
+
+def test_the_measured_configs_follow_the_incumbent_through_the_record():
+    baseline = {"iteration": 0, "kind": "baseline", "status": "keep", "optimization": "baseline",
+                "knobs": {k: 1 for k in "abcd"}}
+    kept = dict(_step("a", 1, {2: 0.9}, iteration=1), status="keep",
+                knobs={"a": 2, "b": 1, "c": 1, "d": 1})
+    later = _step("b", 1, {3: 0.95}, iteration=2)
+    # the knobs passed in count only before the record's first incumbent (none here)
+    told = search.measured_configs([baseline, kept, later], {k: 4 for k in "abcd"}, "head")
+    assert [(c["a"], c["b"], r) for c, r in told] == [(1, 1, 1.0), (2, 1, 0.9),
+                                                      (2, 1, 1.0), (2, 3, 0.95)]
+
+
+def test_without_optuna_the_product_ranking_cuts_a_larger_space_and_says_so(monkeypatch):
+    import builtins
+
+    real = builtins.__import__
+
+    def no_optuna(name, *args, **kwargs):
+        if name == "optuna" or name.startswith("optuna."):
+            raise ImportError("No module named 'optuna'")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_optuna)
+    recs, knobs = _wide()
+    plan = search.joint_plan(recs, knobs, "head", 0.03, 30, [])
+    ranked = search.joint_plan(recs, knobs, "head", 0.03, 10**6, []).patches
+    assert plan.sampler == search.RANKING and plan.patches == ranked[:30]
+    assert "optuna" in plan.note.lower() and plan.as_record()["note"] == plan.note
+    assert "product of the one-knob ratios" in plan.said() and "optuna" in plan.said().lower()
+
+
 # ---- stop rules -----------------------------------------------------------------------------
 STOP = Stop(no_improvement_streak=2, max_iterations=25, roofline_share=0.92)
 KEEP = decide.Verdict("keep", "PASS", "10% faster", 0.1, improved=True)

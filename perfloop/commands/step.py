@@ -44,7 +44,8 @@ def _search_proposal(s: Session, opt_id: str, value_text: str | None) -> Proposa
         raise UserError(f"no {opt_id} experiment to run now: {why}")
     if value_text is not None:
         raise UserError(f"--value does not go with --opt {opt_id}: its values come from the record")
-    return Proposal(PLAYBOOK, found.optimization, found.candidates, describe=found.describe)
+    return Proposal(PLAYBOOK, found.optimization, found.candidates, describe=found.describe,
+                    sampler=found.sampler)
 
 
 def _playbook_proposal(s: Session, opt_id: str, value_text: str | None) -> Proposal:
