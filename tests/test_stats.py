@@ -55,3 +55,24 @@ def test_the_floor_leaves_out_the_writes_the_clock_cannot_see_and_uses_the_faste
     assert ceilings.floor_ms(60e6, 0, {**base, "l2_bytes": 50e6}) == pytest.approx(30e6 / 3150e6)
     assert ceilings.floor_ms(gb, 0, {"copy_gbps": 3000.0, "bf16_tflops": 700.0}) == \
         pytest.approx(gb / 3000e6)   # ceilings measured before the add bandwidth existed
+
+
+def test_bench_shows_the_paired_ratio_that_its_interval_belongs_to():
+    from perfloop import phases
+    from perfloop.commands import bench
+
+    # drift: round 2 runs everything 20% slower; the pooled medians then mislead, the paired
+    # per-round ratios do not (the second variant is 2% slower in every round)
+    inc = [[1.0] * 5, [1.2] * 5, [1.0] * 5, [1.2] * 5, [1.2] * 5]
+    other = [[1.02] * 5, [1.224] * 5, [1.02] * 5, [1.224] * 5, [1.02] * 5]
+    timed = {"shapes": {"s": {"rounds": {"incumbent": inc, "incumbent-again": inc,
+                                         "torch-compile": other},
+                              "bytes": 1, "flops": 1, "reps": 5}}}
+    summary = phases.summarize_pass(timed)
+    rows = bench.table_rows(summary, {"incumbent": "cutile", "torch-compile": "torch-compile"})
+    tc = next(r for r in rows if r["variant"] == "torch-compile")
+    assert tc["ratio_ci"][0] <= tc["vs_cutile"] <= tc["ratio_ci"][1]
+    assert abs(tc["vs_cutile"] - 1.02) < 1e-9
+    pooled = summary["s"]["variants"]["torch-compile"]["median_ms"] / \
+        summary["s"]["variants"]["incumbent"]["median_ms"]
+    assert abs(pooled - 1.02) > 0.05   # what the column showed before
