@@ -1,6 +1,5 @@
-import argparse
-
 from perfloop import profiling, progress
+from perfloop.commands.run import non_negative
 from perfloop.session import Session
 
 HELP = "Nsight Compute metrics of the incumbent at the headline shape; `next` ranks by them"
@@ -21,20 +20,10 @@ def add_arguments(p):
     p.add_argument("--kernel-name", metavar="REGEX",
                    help="profile only kernels whose name matches (default: every kernel of "
                         "the launch; the longest one's metrics rank `next`)")
-    p.add_argument("--launch-skip", type=_count, default=0, metavar="N",
+    p.add_argument("--launch-skip", type=non_negative, default=0, metavar="N",
                    help="kernels of the profiled launch to skip first (default 0)")
-    p.add_argument("--launch-count", type=_count, default=8, metavar="N",
+    p.add_argument("--launch-count", type=non_negative, default=8, metavar="N",
                    help="the most kernels of that launch to profile (default 8)")
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
-    return value
 
 
 def execute(args):
