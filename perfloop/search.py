@@ -190,8 +190,7 @@ def joint_plan(recs: list[dict], knobs: dict, headline: str, margin: float,
     A space larger than max_configs is sampled by Optuna's TPE sampler (tpe_choose), rebuilt
     from the record on every call; without Optuna, the product ranking cuts it."""
     measured = _measured(recs, headline)
-    bucket = headline_bucket(recs, headline)
-    in_force = dispatch.knobs_for(knobs, bucket or "")
+    in_force = dispatch.knobs_for(knobs, headline_bucket(recs, headline) or "")
     space: dict[str, list] = {}
     for knob, ratios in measured.items():
         best = min(ratios.values())
@@ -243,16 +242,18 @@ def joint_plan(recs: list[dict], knobs: dict, headline: str, margin: float,
     # again; the sampler picks among the rest
     told = measured_configs(recs, knobs, headline)
     seen = {_key(config, names) for config, _ in told}
-    fresh = [c for c in changes if _key({**in_force, **c}, names) not in seen]
-    allowed = {_key({**in_force, **c}, names): c for c in fresh}
+    keyed = ((_key({**in_force, **c}, names), c) for c in changes)
+    allowed = {key: c for key, c in keyed if key not in seen}   # in the product ranking's order
     seed = len(recs)
     # a config measured more than once (each one-knob step's incumbent) is told its latest ratio
     latest = list({_key(c, names): (c, r) for c, r in told if r is not None}.values())
-    picked, note = tpe_choose(names, space, latest, allowed, min(max_configs, len(fresh)), seed)
+    picked, note = tpe_choose(names, space, latest, allowed, min(max_configs, len(allowed)), seed)
     if picked is None:
-        return JointPlan(out(fresh[:max_configs]), RANKING, len(changes), note=note)
+        return JointPlan(out(list(allowed.values())[:max_configs]), RANKING, len(changes),
+                         note=note)
     chosen = [allowed[key] for key in picked]
-    rest = [c for c in fresh if _key({**in_force, **c}, names) not in set(picked)]
+    taken = set(picked)
+    rest = [c for key, c in allowed.items() if key not in taken]
     filled = rest[:max_configs - len(chosen)]
     return JointPlan(out(chosen + filled), TPE, len(changes), told=len(latest), seed=seed,
                      filled=len(filled))
