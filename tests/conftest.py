@@ -56,6 +56,25 @@ class Scratch:
         git(path, "config", "user.name", "t")
         self.commit_all("initial")
 
+    @classmethod
+    def of_shipped(cls, path: Path, *names: str) -> "Scratch":
+        """A repository holding shipped kernels (without their results), their judges and the
+        playbook, as a user's would; `kernel` is the first one's folder."""
+        self = cls.__new__(cls)
+        self.path, self.kernel = path, path / "kernels" / names[0]
+        (path / "tests").mkdir(parents=True)
+        for name in names:
+            shutil.copytree(ROOT / "kernels" / name, path / "kernels" / name,
+                            ignore=shutil.ignore_patterns("RESULTS.md", "perf_results.md",
+                                                          "__pycache__", "bench_*.py"))
+            shutil.copy(ROOT / "tests" / f"test_{name}.py", path / "tests" / f"test_{name}.py")
+        shutil.copytree(ROOT / "playbook", path / "playbook")
+        git(path, "init", "-q", "-b", "main")
+        git(path, "config", "user.email", "t@example.com")
+        git(path, "config", "user.name", "t")
+        self.commit_all("shipped kernels")
+        return self
+
     def commit_all(self, message: str) -> None:
         git(self.path, "add", "-A")
         git(self.path, "commit", "-q", "-m", message)

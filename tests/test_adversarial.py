@@ -10,7 +10,7 @@ import os
 import shutil
 
 import pytest
-from conftest import ROOT, Scratch, git
+from conftest import ROOT, Scratch
 
 from perfloop import table
 
@@ -269,21 +269,7 @@ def test_the_swiglu_attacks_still_match_the_shipped_kernel():
 
 @pytest.fixture
 def swiglu_scratch(tmp_path):
-    repo = tmp_path / "repo"
-    shutil.copytree(ROOT / "kernels" / "swiglu", repo / "kernels" / "swiglu",
-                    ignore=shutil.ignore_patterns("RESULTS.md", "perf_results.md", "__pycache__",
-                                                  "bench_autotune.py"))
-    (repo / "tests").mkdir()
-    shutil.copy(ROOT / "tests" / "test_swiglu.py", repo / "tests" / "test_swiglu.py")
-    shutil.copytree(ROOT / "playbook", repo / "playbook")
-    git(repo, "init", "-q", "-b", "main")
-    git(repo, "config", "user.email", "t@example.com")
-    git(repo, "config", "user.name", "t")
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", "swiglu")
-    s = Scratch.__new__(Scratch)
-    s.path, s.kernel = repo, repo / "kernels" / "swiglu"
-    return s
+    return Scratch.of_shipped(tmp_path / "repo", "swiglu")
 
 
 @pytest.mark.gpu

@@ -4,14 +4,13 @@ profile re-ranks `perfloop next`."""
 
 import json
 import os
-import shutil
 import stat
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, Scratch, git, pythonpath
+from conftest import ROOT, Scratch, pythonpath
 
 from perfloop import ncu, profile_rank
 from perfloop.decide import Suggestion
@@ -306,32 +305,11 @@ def test_run_profile_without_ncu_says_so_once_and_goes_on(scratch):
 
 
 # ---- on the GPU, with the real ncu ---------------------------------------------------------------
-def _real_kernels(tmp_path, *names):
-    """A repository holding shipped kernels, their judges and the playbook, as a user's would."""
-    repo = tmp_path / "repo"
-    for name in names:
-        shutil.copytree(ROOT / "kernels" / name, repo / "kernels" / name,
-                        ignore=shutil.ignore_patterns("RESULTS.md", "perf_results.md",
-                                                      "__pycache__", "bench_*.py"))
-        (repo / "tests").mkdir(exist_ok=True)
-        shutil.copy(ROOT / "tests" / f"test_{name}.py", repo / "tests" / f"test_{name}.py")
-    shutil.copytree(ROOT / "playbook", repo / "playbook")
-    (repo / ".gitignore").write_text("sandbox/\n__pycache__/\n")
-    git(repo, "init", "-q", "-b", "main")
-    git(repo, "config", "user.email", "t@example.com")
-    git(repo, "config", "user.name", "t")
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", "kernels")
-    s = Scratch.__new__(Scratch)
-    s.path, s.kernel = repo, repo / "kernels" / names[0]
-    return s
-
-
 @pytest.mark.gpu
 def test_real_ncu_profiles_swiglu_and_matmul_and_next_ranks_them_apart(tmp_path):
     if not any((Path(d) / "ncu").exists() for d in os.environ["PATH"].split(os.pathsep) if d):
         pytest.skip("no ncu on PATH")
-    s = _real_kernels(tmp_path, "swiglu", "matmul")
+    s = Scratch.of_shipped(tmp_path / "repo", "swiglu", "matmul")
     ranked = {}
     for name in ("swiglu", "matmul"):
         code, out, err = s.cli("init", "--kernel", name)
