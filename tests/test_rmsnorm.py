@@ -21,13 +21,16 @@ EPS = 1e-6
 # row count no rows-per-block divides
 CASES = [("bfloat16", (257, 1000)), ("float16", (3, 5, 777)), ("float32", (64, 4096)),
          ("bfloat16", (3, 16384)), ("float32", (1, 1)), ("float16", (33, 8193)),
-         ("bfloat16", (130, 5000))]
+         ("bfloat16", (130, 5000)), ("float16", (9, 3000))]
 SEEDS = (0, 1)
 TOLERANCE = {dtype: tolerance(FOLDER, dtype) for dtype in ("bfloat16", "float16", "float32")}
 COMBOS = {
     "all-gather": {"memory_path": "gather_scatter", "tile": [4, 1024],
                    "block_elems": 16384, "persistent": True, "occupancy": 2, "latency": 4,
                    "store_latency": 2, "fast_math": True},
+    "split-rows": {"split_row": True, "tile": [4, 0], "fast_math": True},
+    "split-gather": {"split_row": True, "memory_path": "gather_scatter", "block_elems": 16384,
+                     "occupancy": 2},
     "all-hints": {"tile": [8, 512], "persistent": True, "load_allow_tma": False,
                   "store_allow_tma": False, "latency": 8, "store_latency": 8, "fast_math": True},
 }

@@ -8,7 +8,10 @@ Every knob in knobs.json is a compile-time constant or a kernel hint:
                    row, padded to a power of two, in one tile). With cols < n the block loops
                    over the row twice
   block_elems      when set, rows per block = block_elems / columns per tile (at least 1),
-                   replacing tile's rows: the same value then fits narrow and wide rows: sum of squares first, then normalize and store
+                   replacing tile's rows: the same value then fits narrow and wide rows
+  split_row        with the whole row in one tile (cols 0) and n not a power of two, hold
+                   the row as two tiles, the largest power of two within n and a power-of-two
+                   tail (5000: 4096 + 1024 instead of one 8192 tile, 5/8 of the registers)
   latency          latency hint on the loads of x (null: none)
   load_allow_tma   allow_tma on the loads of x (null: the compiler's choice)
   store_latency    latency hint on the store (null: none)
@@ -75,16 +78,24 @@ def _scale(ss, n, FAST: bool):
     return 1.0 / ct.sqrt(ss / n + EPS)
 
 
-def rmsnorm_kernel(x, w, y, TM: ct.Constant[int], TN: ct.Constant[int],
+def rmsnorm_kernel(x, w, y, TM: ct.Constant[int], TN: ct.Constant[int], TT: ct.Constant[int],
                    ONE_TILE: ct.Constant[bool], GATHER: ct.Constant[bool],
                    LAT: ct.Constant[int], LTMA: ct.Constant[int], SLAT: ct.Constant[int],
                    STMA: ct.Constant[int], FAST: ct.Constant[bool], PERSIST: ct.Constant[bool]):
-    """One block per TM rows (grid-stride when PERSIST); ONE_TILE when TN covers the row."""
+    """One block per TM rows (grid-stride when PERSIST); ONE_TILE when TN (plus a tail tile
+    of TT columns at column TN, when TT > 0) covers the row."""
     n = x.shape[1]
     total = ct.cdiv(x.shape[0], TM)
     step = ct.num_blocks(0) if PERSIST else total
     for t in range(ct.bid(0), total, step):
-        if ONE_TILE:
+        if ONE_TILE and TT > 0:
+            v = _read(x, t, 0, TM, TN, GATHER, LAT, LTMA)
+            u = _read(x, t, TN // TT, TM, TT, GATHER, LAT, LTMA)
+            ss = ct.sum(v * v, axis=1, keepdims=True) + ct.sum(u * u, axis=1, keepdims=True)
+            r = _scale(ss, n, FAST)
+            _write(y, t, 0, v * r * _weight(w, 0, TN), TM, TN, GATHER, SLAT, STMA)
+            _write(y, t, TN // TT, u * r * _weight(w, TN // TT, TT), TM, TT, GATHER, SLAT, STMA)
+        elif ONE_TILE:
             v = _read(x, t, 0, TM, TN, GATHER, LAT, LTMA)
             r = _scale(ct.sum(v * v, axis=1, keepdims=True), n, FAST)
             _write(y, t, 0, v * r * _weight(w, 0, TN), TM, TN, GATHER, SLAT, STMA)
@@ -110,21 +121,29 @@ def _pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
-def _geometry(knobs: dict, n: int) -> tuple[int, int]:
-    """(rows per block, columns per tile) for rows of n elements."""
+def _geometry(knobs: dict, n: int) -> tuple[int, int, int]:
+    """(rows per block, columns per tile, columns of the tail tile or 0) for rows of n."""
     rows, cols = knobs["tile"]
     whole = _pow2(n)
     tn = whole if not cols or cols >= whole else cols
-    if knobs["block_elems"]:
-        rows = max(1, knobs["block_elems"] // tn)
-    return rows, tn
+    tail = 0
+    if knobs["split_row"] and tn == whole and whole != n:
+        head = whole // 2
+        tail = _pow2(n - head)
+        if tail < head:   # else two tiles hold no fewer columns than one
+            tn = head
+        else:
+            tail = 0
+    if knobs["block_elems"]:   # rows per block must be a power of two, like every tile side
+        rows = 1 << max(knobs["block_elems"] // (tn + tail), 1).bit_length() - 1
+    return rows, tn, tail
 
 
 def _constants(knobs: dict, n: int) -> tuple:
-    rows, tn = _geometry(knobs, n)
+    rows, tn, tail = _geometry(knobs, n)
     tma = {None: -1, False: 0, True: 1}
     gather = {"load_store": False, "gather_scatter": True}[knobs["memory_path"]]
-    return (rows, tn, tn >= n, gather, knobs["latency"] or 0, tma[knobs["load_allow_tma"]],
+    return (rows, tn, tail, tn + tail >= n, gather, knobs["latency"] or 0, tma[knobs["load_allow_tma"]],
             knobs["store_latency"] or 0, tma[knobs["store_allow_tma"]], bool(knobs["fast_math"]),
             bool(knobs["persistent"]))
 
