@@ -466,7 +466,9 @@ def _stop_after(s: Session, record: dict) -> str | None:
     return decide.stop_reason(iteration_, verdicts_, s.playbook.rules.stop,
                               len(catalog(s, recs)) if verdicts_ else 1, searched=searched,
                               searches=len(searches(s, recs)),
-                              floor_shares=floor_shares(s, recs))
+                              floor_shares=floor_shares(s, recs),
+                              spent_s=tuple(r["finished_at"] - r["started_at"] for r in recs
+                                            if r.get("kind") != records.CONFIRMATION))
 
 
 def recover(s: Session) -> Proposal | None:

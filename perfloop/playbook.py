@@ -53,6 +53,7 @@ class Stop:
     no_improvement_streak: int
     max_iterations: int
     roofline_share: float | None = None  # stop when every shape is this close to its floor
+    time_budget_s: float | None = None   # stop before an iteration that would end past this
 
 
 @dataclass(frozen=True)
