@@ -49,11 +49,20 @@ def _single_knob(record: dict) -> bool:
             and record.get("timing") is not None and record.get("correctness") == "PASS")
 
 
+def _dispatchable(record: dict) -> bool:
+    """A one-knob step or a joint search, judged PASS and timed."""
+    return (record["kind"] == "playbook" and record.get("knob") not in (None, dispatch.KEY)
+            and record.get("timing") is not None and record.get("correctness") == "PASS")
+
+
 def dispatch_changes(recs: list[dict], incumbent: str, knobs: dict,
-                     rules: decide.DecisionRules) -> tuple[dict, str, str] | None:
+                     rules: decide.DecisionRules, headline: str | None = None
+                     ) -> tuple[dict, str, str] | None:
     """(the new dispatch table, what it changes, the gains that chose it) from the last
-    experiment, when some of its values won on some buckets against what is in force now."""
-    if not recs or not _single_knob(recs[-1]):
+    experiment, when some of its values won on some buckets against what is in force now.
+    After a joint search a bucket's entry is every knob its winner ran with there that
+    differs from what is in force there (a config good for wide rows is not the headline's)."""
+    if not recs or not _dispatchable(recs[-1]):
         return None
     record = recs[-1]
     kept = record["status"] == decide.KEEP
@@ -64,13 +73,27 @@ def dispatch_changes(recs: list[dict], incumbent: str, knobs: dict,
     winners = decide.bucket_winners(first_pass(record), values, in_force, rules)
     current = dispatch.table(knobs)
     knob = record["knob"]
+    if knob == MULTI:
+        before = knobs if not kept else next(
+            ({k: freeze(v) for k, v in r["knobs"].items()} for r in reversed(recs[:-1])
+             if r.get("commit") == record["incumbent_before"] and "knobs" in r), None)
+        if before is None:
+            return None
+        where = headline_bucket(recs, headline) if headline else None
     changes, said, gains = {}, [], []
     for bucket, (label, gain) in winners.items():
-        value = values[label]
-        if freeze(current.get(bucket, {}).get(knob)) == freeze(value):
-            continue
-        changes[bucket] = {knob: value}
-        said.append(f"{knob}={show_value(value)} at {bucket}")
+        if knob == MULTI:
+            ran = dispatch.knobs_for(apply_joint(before, values[label], where), bucket)
+            now = dispatch.knobs_for(knobs, bucket)
+            entry = {k: thaw(v) for k, v in ran.items() if freeze(now.get(k)) != freeze(v)}
+            if not entry:
+                continue
+        else:
+            if freeze(current.get(bucket, {}).get(knob)) == freeze(values[label]):
+                continue
+            entry = {knob: values[label]}
+        changes[bucket] = entry
+        said.append(f"{show_patch(entry)} at {bucket}")
         gains.append(f"{100 * gain:.1f}% faster at {bucket}")
     if not changes:
         return None
@@ -347,9 +370,13 @@ def tpe_choose(names: list, space: dict, told: list, allowed: dict, n: int,
 
 
 def joint_tried_since_keep(recs: list[dict]) -> bool:
+    """Whether a joint search ran since the last kept change. A sampled joint search (TPE)
+    that was itself kept counts as not tried: sampling pays there, so the next one samples
+    again, told everything measured so far."""
     for record in reversed(recs):
         if record["optimization"] == JOINT:
-            return True
+            return not (record["status"] == decide.KEEP
+                        and (record.get("sampler") or {}).get("name") == TPE)
         if record["status"] == decide.KEEP:
             return False
     return False

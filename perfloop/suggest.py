@@ -39,7 +39,7 @@ def searches(s: Session, recs: list[dict] | None = None) -> list[decide.Suggesti
     knobs = s.incumbent_knobs()
     out = []
     found = s.playbook.rules.search.dispatch and search.dispatch_changes(
-        recs, s.state.incumbent, knobs, s.playbook.rules.decision)
+        recs, s.state.incumbent, knobs, s.playbook.rules.decision, s.spec.headline.name)
     if found:
         table, said, why = found
         out.append(decide.Suggestion(search.optimization(search.DISPATCH, (table,)), (table,),

@@ -79,6 +79,48 @@ def test_a_dispatch_is_decided_where_it_changed_and_only_if_a_held_back_shape_wa
     assert verdict.status == decide.REVERT and "held-back" in verdict.reason
 
 
+def _joint_kept(first: dict) -> list[dict]:
+    """A baseline (commit c0) and a joint search kept at commit c1 with candidate-0's patch."""
+    base = {"iteration": 0, "kind": "baseline", "status": "keep", "commit": "c0",
+            "knobs": {"rows": 1, "occupancy": None, "dispatch": {"small": {"rows": 2}}}}
+    labels = {"candidate-0": {"rows": 4, "occupancy": 2},
+              "candidate-1": {"rows": 8, "occupancy": 4}}
+    joint = {"iteration": 1, "kind": "playbook", "knob": "*", "optimization": "joint",
+             "correctness": "PASS", "status": "keep", "commit": "c1", "incumbent_before": "c0",
+             "knobs": {"rows": 4, "occupancy": 2, "dispatch": {"small": {"rows": 2}}},
+             "sampler": {"name": "tpe"},
+             "timing": {"chosen": "candidate-0", "labels": labels, "shapes": first}}
+    return [base, joint]
+
+
+def test_a_joint_config_that_wins_only_in_another_bucket_is_dispatched_there_whole():
+    first = {"head": _shape("big", {"incumbent": _rounds(1.0), "candidate-0": _rounds(0.8),
+                                    "candidate-1": _rounds(0.9)}),
+             "guard": _shape("small", {"incumbent": _rounds(0.5), "candidate-0": _rounds(0.5),
+                                       "candidate-1": _rounds(0.4)})}
+    recs = _joint_kept(first)
+    knobs = {"rows": 4, "occupancy": 2, "dispatch": {"small": {"rows": 2}}}
+    table, said, why = search.dispatch_changes(recs, "c1", knobs, RULES, "head")
+    # candidate-1 ran at "small" with occupancy 4 and its bucket's own rows (2): the entry is
+    # what differs there from the kept config, measured against the kept config
+    assert table == {"small": {"occupancy": 4, "rows": 2}}
+    assert said == "occupancy=4 at small" and "small" in why
+    # nothing to dispatch where the kept config is best everywhere
+    first["guard"]["variants"]["candidate-1"]["round_medians_ms"] = _rounds(0.6)
+    assert search.dispatch_changes(recs, "c1", knobs, RULES, "head") is None
+
+
+def test_a_kept_tpe_joint_search_is_followed_by_another_one():
+    recs = _joint_kept({})
+    assert not search.joint_tried_since_keep(recs)           # sampling paid: sample again
+    assert search.joint_tried_since_keep(recs + [{"optimization": "fast_math",
+                                                  "status": "revert"}]) is False
+    recs[-1]["status"] = "revert"
+    assert search.joint_tried_since_keep(recs)
+    recs[-1].update(status="keep", sampler={"name": "all"})   # the whole space was measured
+    assert search.joint_tried_since_keep(recs)
+
+
 # ---- the joint search's space -------------------------------------------------------------
 def _step(knob, before, ratios: dict, iteration=1):
     labels = {f"c{i}": v for i, v in enumerate(ratios)}
@@ -262,6 +304,28 @@ def test_searches_on_offer_hold_off_every_stop_but_the_limit_and_the_roofline():
                               searched=[False, False, True]) == MINOR.reason
     assert decide.stop_reason(3, [KEEP, MINOR, KEEP], STOP, 5,
                               searched=[False, False, False]) is None
+
+
+def test_a_run_stops_before_an_experiment_that_would_pass_its_time_budget():
+    timed = Stop(no_improvement_streak=2, max_iterations=25, time_budget_s=600)
+    # 400 s spent, the slowest 120 s: one more fits; at 500 s it would not, searches or not
+    assert decide.stop_reason(3, [KEEP, KEEP], timed, 5, searches=1,
+                              spent_s=(100, 180, 120)) is None
+    reason = decide.stop_reason(3, [KEEP, KEEP], timed, 5, searches=1, spent_s=(100, 280, 120))
+    assert reason.startswith("time budget") and "600 s" in reason
+    assert decide.stop_reason(3, [KEEP, KEEP], STOP, 5, spent_s=(100, 280, 120)) is None
+
+
+def test_only_catalog_experiments_count_towards_the_no_improvement_streak():
+    # a revert, then a dispatch and a joint search that found nothing: one idea failed, not three
+    assert decide.stop_reason(4, [KEEP, REVERT, REVERT, REVERT], STOP, 5,
+                              searched=[False, False, True, True]) is None
+    assert decide.stop_reason(5, [KEEP, REVERT, REVERT, REVERT, REVERT], STOP, 5,
+                              searched=[False, False, True, True, False]).startswith(
+        "no improvement in 2 consecutive")
+    # an improvement found by a search still ends the streak
+    assert decide.stop_reason(4, [REVERT, REVERT, KEEP, REVERT], STOP, 5,
+                              searched=[False, False, True, False]) is None
 
 
 # ---- cliffs -----------------------------------------------------------------------------------
