@@ -1,0 +1,123 @@
+"""A kernel's work per execution unit (perfloop.traffic): the floor and the class it gives, on
+the CPU, with an H100's published facts standing in for a measured device."""
+
+import pytest
+
+from perfloop import ceilings, traffic
+from perfloop.errors import UserError
+from perfloop.kernel import Shape
+
+H100 = {"sm": "sm_90", "sm_count": 132, "clock_sm_max": "1980"}   # nvidia-smi's max SM clock
+H100_CEILINGS = {"copy_gbps": 3000.0, "bf16_tflops": 772.0,         # ~3.0e12 B/s measured copy
+                 "unit_peaks_tflops": ceilings.unit_peaks_tflops(H100)}
+SHAPE = Shape("s", (4096,), "bfloat16", headline=True)
+
+
+def test_each_units_peak_is_sms_times_max_clock_times_its_rate_per_sm():
+    peaks = ceilings.unit_peaks_tflops(H100)
+    per_clock = 132 * 1980e6 / 1e12
+    assert peaks["tensor.bf16"] == pytest.approx(4096 * per_clock)       # 1070 TFLOP/s
+    assert peaks["tensor.fp16"] == peaks["tensor.bf16"]
+    assert peaks["tensor.tf32"] == pytest.approx(peaks["tensor.bf16"] / 2)
+    assert peaks["tensor.fp8"] == pytest.approx(peaks["tensor.bf16"] * 2)
+    assert peaks["fp32"] == pytest.approx(256 * per_clock)               # 66.9 TFLOP/s
+    assert peaks["sfu"] == pytest.approx(16 * per_clock)                 # 4.18 T results/s
+    assert ceilings.peak_tensor_tflops(H100) == peaks["tensor.bf16"]
+    a100 = ceilings.unit_peaks_tflops({"sm": "sm_80", "sm_count": 108, "clock_sm_max": "1410"})
+    assert a100["tensor.bf16"] == pytest.approx(311.9, abs=0.1) and "tensor.fp8" not in a100
+    assert a100["fp32"] == pytest.approx(19.5, abs=0.05)
+    b200 = ceilings.unit_peaks_tflops({"sm": "sm_100", "sm_count": 148, "clock_sm_max": "1965"})
+    assert b200["tensor.fp8"] == pytest.approx(2 * b200["tensor.bf16"])
+    assert ceilings.unit_peaks_tflops({"sm": "sm_75", "sm_count": 40, "clock_sm_max": "1500"}) == {}
+    assert ceilings.unit_peaks_tflops({"sm": "sm_90", "clock_sm_max": "[N/A]", "sm_count": 1}) == {}
+
+
+def test_both_forms_of_traffic_read_as_work_per_unit():
+    old = traffic.parse((1000, 5000), "k")
+    assert old == traffic.Work(1000.0, {"tensor.bf16": 5000.0})   # what the pair always meant
+    new = traffic.parse({"bytes": 1000, "flops": {"tensor.bfloat16": 10, "tensor.bf16": 5,
+                                                  "fp32": 7, "sfu": 0}}, "k")
+    assert new.flops == {"tensor.bf16": 15.0, "fp32": 7.0} and new.total_flops == 22
+    assert traffic.parse({"bytes": 8}, "k") == traffic.Work(8.0, {})
+    assert traffic.parse([8, 0], "k").flops == {}
+
+
+@pytest.mark.parametrize("raw,words", [
+    (12, "returned int 12"),
+    ((1, 2, 3), "returned tuple"),
+    ((-1, 2), "bytes -1"),
+    ((1, "many"), "flops 'many'"),
+    ({"flops": {"fp32": 1}}, "keys ['flops']"),
+    ({"bytes": 1, "flops": 7}, "keys ['bytes', 'flops']"),
+    ({"bytes": 1, "flop": {}}, "keys ['bytes', 'flop']"),
+    ({"bytes": 1, "flops": {"tensor.int4": 1}}, "unknown execution unit 'tensor.int4'"),
+    ({"bytes": 1, "flops": {"fp32": float("nan")}}, "flops['fp32']"),
+    ({"bytes": True, "flops": {}}, "bytes True"),
+])
+def test_a_wrong_traffic_is_one_line_naming_the_kernel(raw, words):
+    class Module:
+        @staticmethod
+        def traffic(shape):
+            return raw
+
+    with pytest.raises(UserError) as err:
+        traffic.of(Module, SHAPE, "mine")
+    message = str(err.value)
+    assert "\n" not in message and "kernel 'mine': traffic(shape 's')" in message
+    assert words in message, message
+
+
+def test_a_traffic_that_raises_or_is_missing_is_one_line():
+    class Raises:
+        @staticmethod
+        def traffic(shape):
+            raise KeyError("dtype\nsecond line")
+
+    with pytest.raises(UserError, match=r"kernel 'mine': traffic\(shape 's'\) raised KeyError"):
+        traffic.of(Raises, SHAPE, "mine")
+    with pytest.raises(UserError, match="kernel 'mine': kernel.py has no traffic"):
+        traffic.of(object(), SHAPE, "mine")
+
+
+def test_floor_is_the_longest_of_the_bytes_and_each_units_operations():
+    ceil = {**H100_CEILINGS, "l2_bytes": 0}
+    peaks = ceil["unit_peaks_tflops"]
+    gb = 1e9
+    assert ceilings.floor_ms(gb, {}, ceil) == pytest.approx(gb / 3000e6)
+    # each unit alone, at its own peak: an exp-heavy kernel is bound by the SFUs
+    sfu = 5e10
+    assert ceilings.floor_ms(gb, {"sfu": sfu}, ceil) == pytest.approx(sfu / (peaks["sfu"] * 1e9))
+    fp32 = 1e12
+    assert ceilings.floor_ms(gb, {"fp32": fp32}, ceil) == pytest.approx(fp32 / (peaks["fp32"] * 1e9))
+    tf32 = 2e14
+    assert ceilings.floor_ms(0, {"tensor.tf32": tf32}, ceil) == \
+        pytest.approx(2 * ceilings.floor_ms(0, {"tensor.bf16": tf32}, ceil))
+    # the units run concurrently: the longest one, not their sum
+    both = ceilings.floor_ms(gb, {"sfu": sfu, "fp32": fp32}, ceil)
+    assert both == pytest.approx(max(sfu / peaks["sfu"], fp32 / peaks["fp32"]) / 1e9)
+    # the old number of FLOPs is bf16 tensor-core work
+    assert ceilings.floor_ms(0, 2 * 4096 ** 3, ceil) == \
+        ceilings.floor_ms(0, {"tensor.bf16": 2 * 4096 ** 3}, ceil)
+    # the L2 write-back correction applies to the bytes of either form
+    assert ceilings.floor_ms(gb, {"fp32": 1}, {**ceil, "l2_bytes": 50e6}) == \
+        pytest.approx(0.95e9 / 3000e6)
+
+
+def test_floor_without_the_architectures_rates_stays_a_lower_bound():
+    measured = {"copy_gbps": 3000.0, "bf16_tflops": 700.0}   # an unknown architecture
+    f = 7e14
+    assert ceilings.floor_ms(0, {"tensor.bf16": f}, measured) == pytest.approx(f / 700e9)
+    assert ceilings.floor_ms(0, {"tensor.tf32": f}, measured) == pytest.approx(f / 700e9)
+    # no peak known for these units: only the bytes bound the floor
+    assert ceilings.floor_ms(3e9, {"fp32": 1e15, "sfu": 1e15, "tensor.fp8": 1e15}, measured) == \
+        pytest.approx(1.0)
+    # an architecture without the unit (fp8 on sm_80) does not bound it either
+    a100 = {"copy_gbps": 1500.0, "unit_peaks_tflops": ceilings.unit_peaks_tflops(
+        {"sm": "sm_80", "sm_count": 108, "clock_sm_max": "1410"})}
+    assert ceilings.floor_ms(1.5e9, {"tensor.fp8": 1e15}, a100) == pytest.approx(1.0)
+
+
+def test_work_from_a_record_reads_old_and_new_records():
+    assert traffic.from_record({"bytes": 10, "flops": 40}).flops == {"tensor.bf16": 40.0}
+    new = {"bytes": 10, "flops": 7, "flops_by_unit": {"fp32": 4, "sfu": 3}}
+    assert traffic.from_record(new) == traffic.Work(10.0, {"fp32": 4.0, "sfu": 3.0})
