@@ -3,9 +3,11 @@ the CPU, with an H100's published facts standing in for a measured device."""
 
 import pytest
 
-from perfloop import ceilings, traffic
+from perfloop import ceilings, decide, traffic
 from perfloop.errors import UserError
 from perfloop.kernel import Shape
+from perfloop.playbook import SHIPPED as PLAYBOOK
+from perfloop.playbook import Classes, load
 
 H100 = {"sm": "sm_90", "sm_count": 132, "clock_sm_max": "1980"}   # nvidia-smi's max SM clock
 H100_CEILINGS = {"copy_gbps": 3000.0, "bf16_tflops": 772.0,         # ~3.0e12 B/s measured copy
@@ -117,7 +119,83 @@ def test_floor_without_the_architectures_rates_stays_a_lower_bound():
     assert ceilings.floor_ms(1.5e9, {"tensor.fp8": 1e15}, a100) == pytest.approx(1.0)
 
 
+def _classify(nbytes, flops, ceil=H100_CEILINGS, bounds=Classes()):
+    peaks, bandwidth = ceilings.roofline(ceil, flops)
+    return decide.classify(nbytes, flops, peaks, bandwidth, bounds)
+
+
+def test_class_boundaries_are_multiples_of_the_ridge_of_the_unit_that_dominates():
+    ridge = H100_CEILINGS["unit_peaks_tflops"]["tensor.bf16"] * 1e12 / 3e12   # ~357 FLOP/byte
+    assert _classify(1.0, {"tensor.bf16": 0.49 * ridge}).name == "memory-bound"
+    assert _classify(1.0, {"tensor.bf16": 0.51 * ridge}).name == "balanced"
+    assert _classify(1.0, {"tensor.bf16": 2.0 * ridge}).name == "balanced"
+    assert _classify(1.0, {"tensor.bf16": 2.1 * ridge}).name == "compute-bound"
+    # 20 FLOP/byte was balanced by the fixed bounds; on the tensor cores it is far below the
+    # ridge, on the fp32 lanes (ridge ~22) it is near it, and on the SFUs far above
+    assert _classify(1.0, {"tensor.bf16": 20}).name == "memory-bound"
+    assert _classify(1.0, {"fp32": 20}).name == "balanced"
+    assert _classify(1.0, {"sfu": 20}).name == "compute-bound"
+    # the unit whose operations take longest decides, whatever has the most operations
+    mixed = _classify(1.0, {"tensor.bf16": 300, "sfu": 4})   # 0.84x and 2.9x
+    assert mixed.name == "compute-bound" and "sfu" in mixed.basis
+    # the bounds are data
+    assert _classify(1.0, {"fp32": 20}, bounds=Classes(memory_below=1.0)).name == "memory-bound"
+    assert "ridge point" in mixed.basis
+
+
+def test_without_device_facts_the_fixed_bounds_of_seed_002_apply():
+    for flops, name in ((5.0, "memory-bound"), (20.0, "balanced"), (80.0, "compute-bound")):
+        got = _classify(1.0, {"fp32": flops / 2, "sfu": flops / 2}, ceil=None)
+        assert got.name == name and got.intensity == flops and "fixed bounds" in got.basis
+        assert decide.classify(1.0, flops).name == name                  # the old call
+
+
+def test_rules_give_the_class_bounds_and_pinned_rules_without_them_get_the_defaults():
+    from perfloop.playbook import rules_from_dict
+
+    book = load(PLAYBOOK)
+    assert book.rules.classes == Classes(0.5, 2.0, 10.0, 50.0)
+    pinned = book.rules_dict()
+    del pinned["classes"]
+    assert rules_from_dict(pinned).classes == Classes()
+
+
+def test_a_bad_class_bound_in_rules_is_one_line(tmp_path):
+    import shutil
+
+    shutil.copytree(PLAYBOOK, tmp_path / "pb")
+    rules = tmp_path / "pb" / "rules.toml"
+    rules.write_text(rules.read_text().replace("compute_above = 2.0", "compute_above = 0.1"))
+    with pytest.raises(UserError, match=r"\[classes\] bounds"):
+        load(tmp_path / "pb")
+
+
 def test_work_from_a_record_reads_old_and_new_records():
     assert traffic.from_record({"bytes": 10, "flops": 40}).flops == {"tensor.bf16": 40.0}
     new = {"bytes": 10, "flops": 7, "flops_by_unit": {"fp32": 4, "sfu": 3}}
     assert traffic.from_record(new) == traffic.Work(10.0, {"fp32": 4.0, "sfu": 3.0})
+
+
+def test_the_loop_classifies_the_baseline_from_its_record_against_the_timing_device():
+    from types import SimpleNamespace
+
+    from perfloop import iteration, phases
+
+    rounds = [[1.0] * 3] * 3
+    timed = {"rounds": {"incumbent": rounds, "incumbent-again": rounds}, "reps": 3,
+             "bytes": 1e9, "flops": 5e8, "flops_by_unit": {"sfu": 2.5e8, "fp32": 2.5e8}}
+    summary = phases.summarize_pass({"shapes": {"head": timed}})
+    assert summary["head"]["flops_by_unit"] == {"sfu": 2.5e8, "fp32": 2.5e8}
+
+    def classified(ceil):
+        s = SimpleNamespace(spec=SimpleNamespace(headline=SimpleNamespace(name="head")),
+                            playbook=load(PLAYBOOK), state=SimpleNamespace())
+        iteration._classify(s, {"timing": {"shapes": summary, "ceilings": ceil}})
+        return s.state
+
+    on_h100 = classified(H100_CEILINGS)   # 0.25 sfu results per byte: 0.18x its ridge
+    assert on_h100.kernel_class == "memory-bound" and on_h100.intensity == 0.25
+    assert "sfu" in on_h100.class_basis and "ridge point" in on_h100.class_basis
+    on_cpu = classified(None)            # no ceilings: 0.5 FLOP per byte, fixed bounds
+    assert on_cpu.kernel_class == "memory-bound" and on_cpu.intensity == 0.5
+    assert "fixed bounds" in on_cpu.class_basis
