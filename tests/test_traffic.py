@@ -2,10 +2,11 @@
 the CPU, with an H100's published facts standing in for a measured device."""
 
 import pytest
+from conftest import ROOT
 
 from perfloop import ceilings, decide, traffic
 from perfloop.errors import UserError
-from perfloop.kernel import Shape
+from perfloop.kernel import SHIPPED, Shape, import_module, load_spec
 from perfloop.playbook import SHIPPED as PLAYBOOK
 from perfloop.playbook import Classes, load
 
@@ -168,6 +169,30 @@ def test_a_bad_class_bound_in_rules_is_one_line(tmp_path):
     rules.write_text(rules.read_text().replace("compute_above = 2.0", "compute_above = 0.1"))
     with pytest.raises(UserError, match=r"\[classes\] bounds"):
         load(tmp_path / "pb")
+
+
+EXPECTED = {"swiglu": "memory-bound", "rmsnorm": "memory-bound", "softmax": "memory-bound",
+            "matmul": "compute-bound"}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_shipped_kernels_keep_their_classes_on_an_h100(name):
+    spec = load_spec(SHIPPED / name, ROOT)
+    module = import_module(spec.folder, f"test_traffic_{name}")
+    done = traffic.of(module, spec.headline, name)
+    got = _classify(done.bytes, done.flops, bounds=load(PLAYBOOK).rules.classes)
+    assert got.name == EXPECTED[name], got.basis
+    # the fixed bounds, from the same total, agree: the class did not change with the units
+    assert decide.classify(done.bytes, done.total_flops).name == EXPECTED[name]
+    floor = ceilings.floor_ms(done.bytes, done.flops, {**H100_CEILINGS, "l2_bytes": 0})
+    if name == "matmul":   # 2 x 4096^3 at the bf16 tensor peak
+        assert set(done.flops) == {"tensor.bf16"}
+        assert floor == pytest.approx(2 * 4096 ** 3 / (132 * 1980e6 * 4096) * 1e3)
+    else:                  # the bytes at the copy bandwidth: arithmetic is far from binding
+        assert {"fp32", "sfu"} <= set(done.flops)
+        assert floor == pytest.approx(done.bytes / 3e12 * 1e3)
+    for shape in spec.shapes + spec.held_back:   # every shape reads
+        traffic.of(module, shape, name)
 
 
 def test_work_from_a_record_reads_old_and_new_records():
