@@ -224,3 +224,22 @@ def test_the_loop_classifies_the_baseline_from_its_record_against_the_timing_dev
     on_cpu = classified(None)            # no ceilings: 0.5 FLOP per byte, fixed bounds
     assert on_cpu.kernel_class == "memory-bound" and on_cpu.intensity == 0.5
     assert "fixed bounds" in on_cpu.class_basis
+
+
+def test_a_timing_process_given_a_wrong_traffic_stops_with_its_one_line(tmp_path):
+    import json
+
+    from perfloop import phases, worker
+
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "kernel.py").write_text("def traffic(shape):\n    return 'lots'\n")
+    spec = {"measure": {"rounds": 3, "round_ms": 5, "warmup_ms": 20, "min_reps": 3,
+                        "max_reps": 5}, "progress": str(tmp_path / "progress.jsonl"),
+            "variants": [], "contract_folder": str(folder), "out": str(tmp_path / "out.json"),
+            "shapes": [{"name": "s", "dims": [8], "dtype": "float32"}]}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    assert worker.main(str(tmp_path / "spec.json")) == 6
+    last = phases._last_progress(tmp_path / "progress.jsonl")
+    assert last["label"] is None and last["stage"] == "contract"
+    assert last["reason"].startswith("kernel 'mine': traffic(shape 's') returned str lots")
