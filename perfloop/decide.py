@@ -5,8 +5,11 @@ Nothing here touches git, processes or the GPU, so every rule is tested in micro
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
+from perfloop.playbook import Classes
 from perfloop.playbook import Decision as DecisionRules
 from perfloop.playbook import Optimization, Stop
 from perfloop.stats import Comparison, compare
@@ -168,14 +171,38 @@ def rank(optimizations: tuple[Optimization, ...], kernel_class: str, knobs: dict
     return [s for _, _, s in out]
 
 
-def classify(bytes_moved: float, flops: float) -> tuple[str, float]:
-    """Seed 002's classes by arithmetic intensity (FLOP per byte)."""
-    intensity = flops / bytes_moved if bytes_moved else float("inf")
-    if intensity < 10:
-        return "memory-bound", intensity
-    if intensity <= 50:
-        return "balanced", intensity
-    return "compute-bound", intensity
+class Classification(NamedTuple):
+    name: str          # memory-bound | balanced | compute-bound
+    intensity: float   # operations per byte: of the unit that decided, or of all units
+    basis: str         # how the class was read, for the record
+
+
+def classify(bytes_moved: float, flops, peaks: Mapping | None = None,
+             bandwidth: float | None = None, bounds: Classes = Classes()) -> Classification:
+    """Seed 002's classes by arithmetic intensity. `flops` maps execution units to operations
+    (perfloop.traffic; a number: bf16 tensor-core FLOPs). With the device's `peaks` ({unit:
+    operations/s}) and `bandwidth` (bytes/s), the unit whose operations take longest decides:
+    its intensity is compared with its ridge point, peak / bandwidth, at the multiples
+    `bounds` gives. Without them (a CPU clock), all units' FLOPs per byte against seed 002's
+    fixed bounds (10 and 50)."""
+    by_unit = flops if isinstance(flops, Mapping) else {"tensor.bf16": flops}
+    known = {u: n for u, n in by_unit.items() if n and (peaks or {}).get(u)}
+    if known and bandwidth and bytes_moved:
+        unit = max(known, key=lambda u: known[u] / peaks[u])
+        intensity, ridge = known[unit] / bytes_moved, peaks[unit] / bandwidth
+        ratio = intensity / ridge
+        name = ("memory-bound" if ratio < bounds.memory_below else
+                "balanced" if ratio <= bounds.compute_above else "compute-bound")
+        return Classification(name, intensity, (
+            f"{intensity:.4g} {unit} operations per byte, {ratio:.3g}x the device's ridge point "
+            f"of {ridge:.4g} ({unit} peak / measured bandwidth); memory-bound under "
+            f"{bounds.memory_below:g}x, compute-bound over {bounds.compute_above:g}x"))
+    intensity = sum(by_unit.values()) / bytes_moved if bytes_moved else float("inf")
+    low, high = bounds.fallback_memory_below, bounds.fallback_compute_above
+    name = "memory-bound" if intensity < low else "balanced" if intensity <= high else "compute-bound"
+    return Classification(name, intensity, (
+        f"{intensity:.4g} FLOP per byte (all units) against the fixed bounds {low:g} and "
+        f"{high:g}: no peak is known for this device's units (e.g. a kernel timed on the CPU)"))
 
 
 # ---- per-shape dispatch ------------------------------------------------------------------------

@@ -18,7 +18,8 @@ import hashlib
 import time
 from dataclasses import asdict, dataclass
 
-from perfloop import audit, decide, dispatch, gitops, phases, progress, records, search, table
+from perfloop import (audit, ceilings, decide, dispatch, gitops, phases, progress, records, search,
+                      table, traffic)
 from perfloop.errors import UserError
 from perfloop.faults import crashpoint
 from perfloop.kernel import KNOBS, knobs_text
@@ -428,8 +429,13 @@ def finish(s: Session, record: dict) -> None:
 
 
 def _classify(s: Session, record: dict) -> None:
+    """The class from the headline's work, against the ridge points of the device that timed
+    the baseline (fixed bounds where it has none: a CPU clock)."""
     shape = record["timing"]["shapes"][s.spec.headline.name]
-    s.state.kernel_class, s.state.intensity = decide.classify(shape["bytes"], shape["flops"])
+    done = traffic.from_record(shape)
+    peaks, bandwidth = ceilings.roofline(record["timing"].get("ceilings"), done.flops)
+    found = decide.classify(done.bytes, done.flops, peaks, bandwidth, s.playbook.rules.classes)
+    s.state.kernel_class, s.state.intensity, s.state.class_basis = found
 
 
 def verdicts(recs: list[dict]) -> list[decide.Verdict]:

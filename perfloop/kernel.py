@@ -9,8 +9,10 @@ A kernel folder holds
   knobs.json   the tunable values: the file the loop edits and commits;
   kernel.py    build(knobs) -> launch(inputs, out), which experiments change; and the
                benchmark, which a run takes from its base commit: make_inputs(shape, seed,
-               device), empty_output(inputs), reference(*inputs), traffic(shape) -> (bytes,
-               flops), optionally DEVICE and Clock (CPU-timed kernels); optionally
+               device), empty_output(inputs), reference(*inputs), traffic(shape) ->
+               {"bytes": B, "flops": {unit: count}} with units tensor.bf16/fp16/tf32/fp8,
+               fp32 and sfu (perfloop.traffic; the older (bytes, flops) pair counts its
+               FLOPs as tensor.bf16), optionally DEVICE and Clock (CPU-timed kernels); optionally
                compile_ahead(knobs, shapes, arch) for `perfloop check`; optionally
                bucket(inputs) -> str, the key of per-shape dispatch (perfloop.dispatch);
                optionally competitors() -> {name: fn(*inputs)}, timed by `perfloop bench`.

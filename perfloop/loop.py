@@ -13,7 +13,7 @@ from datetime import date
 from pathlib import Path
 from typing import Callable
 
-from perfloop import audit, confirm, gitops, iteration, kernel
+from perfloop import audit, confirm, gitops, iteration, kernel, traffic
 from perfloop.errors import UserError
 from perfloop.iteration import AGENT, BASELINE, PLAYBOOK, Proposal
 from perfloop.session import Session, State, sha256_file
@@ -66,6 +66,9 @@ def start(s: Session, new: bool = False) -> dict:
     """Create the run's branch and state, and measure the baseline (iteration 0). A baseline
     that does not pass is undone: the user is back on their branch, the attempt archived."""
     existing = _require_startable(s, new)
+    # the benchmark's traffic() is read by the timing process; a wrong one is refused here,
+    # in one line, before a branch or a record is written
+    traffic.check(kernel.import_module(s.spec.folder, f"contract_{s.spec.name}"), s.spec)
     previous = gitops.current_branch(s.repo)
     if existing is not None:
         _archive(s, existing)

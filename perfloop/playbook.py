@@ -91,6 +91,16 @@ class Verify:
 
 
 @dataclass(frozen=True)
+class Classes:
+    """Where the kernel classes begin: multiples of the device's ridge point (a unit's peak over
+    the measured bandwidth), and fixed FLOP/byte where no peak is known (a CPU clock)."""
+    memory_below: float = 0.5       # intensity under this x the ridge: memory-bound
+    compute_above: float = 2.0      # over this x the ridge: compute-bound; between: balanced
+    fallback_memory_below: float = 10.0    # FLOP/byte, seed 002's fixed classes
+    fallback_compute_above: float = 50.0
+
+
+@dataclass(frozen=True)
 class Rules:
     decision: Decision
     stop: Stop
@@ -101,6 +111,7 @@ class Rules:
     search: Search = Search()
     compile_processes: int = 0
     judge_processes: int = 1
+    classes: Classes = Classes()   # absent from rules pinned before it: the defaults
 
 
 @dataclass(frozen=True)
@@ -188,7 +199,8 @@ def rules_from_dict(raw: dict, where: str = "pinned rules") -> Rules:
                      stall_timeout_s=raw["stall_timeout_s"], measure=Measure(**raw["measure"]),
                      verify=Verify(**raw["verify"]), search=_search(raw.get("search", {})),
                      compile_processes=raw.get("compile_processes", 0),
-                     judge_processes=raw.get("judge_processes", 1))
+                     judge_processes=raw.get("judge_processes", 1),
+                     classes=Classes(**raw.get("classes", {})))
     except (KeyError, TypeError) as exc:
         raise UserError(f"{where} are incomplete ({exc.__class__.__name__}: {exc}); start a new "
                         "run with --new") from None
@@ -201,6 +213,14 @@ def _search(raw: dict, path="pinned rules") -> Search:
         raise UserError(f"{path}: [search] interactions must be pairs of knob names, e.g. "
                         '[["tile", "num_ctas"]]')
     return Search(**{**raw, "interactions": tuple(tuple(p) for p in pairs)})
+
+
+def _classes(classes: Classes, path: Path) -> Classes:
+    if not (0 < classes.memory_below <= classes.compute_above
+            and 0 < classes.fallback_memory_below <= classes.fallback_compute_above):
+        raise UserError(f"{path}: [classes] bounds must be positive, each memory_below no "
+                        "larger than its compute_above")
+    return classes
 
 
 def with_rules(book: Playbook, raw: dict) -> Playbook:
@@ -243,6 +263,7 @@ def load(directory: Path) -> Playbook:
         search=_search(vars(_typed(Search, rules, "search", rules_path)), rules_path),
         compile_processes=limits.compile_processes,
         judge_processes=limits.judge_processes,
+        classes=_classes(_typed(Classes, rules, "classes", rules_path), rules_path),
     )
     autotune_path = directory / "autotune.toml"
     autotune = read_toml(autotune_path) if autotune_path.exists() else {}

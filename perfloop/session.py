@@ -30,6 +30,7 @@ class State:
     rules: dict = field(default_factory=dict)   # pinned: the playbook's rules.toml values
     kernel_class: str = ""
     intensity: float | None = None
+    class_basis: str = ""     # how the class was read: against the device's ridge, or fixed bounds
     stopped: str | None = None       # why the run finished (a stop rule), or None
     interrupted: str | None = None   # set by Ctrl-C; `run --resume` goes on
     in_flight: dict | None = None

@@ -64,7 +64,8 @@ def status(s: Session) -> dict:
     inc = incumbent(s, recs)
     return {"kernel": st.kernel, "run_id": st.branch, "branch": st.branch,
             "kernel_class": st.kernel_class or None,
-            "intensity_flop_per_byte": st.intensity, "base_commit": st.base_commit,
+            "intensity_flop_per_byte": st.intensity, "class_basis": st.class_basis or None,
+            "base_commit": st.base_commit,
             "incumbent": inc, "baseline_latency_ms": baseline,
             "speedup_vs_baseline": speedup(s, recs)["speedup"],
             "iterations": len(recs), "experiments": [experiment(r) for r in recs],

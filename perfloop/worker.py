@@ -29,8 +29,9 @@ import sys
 import time
 from pathlib import Path
 
-from perfloop import ceilings, child, envinfo, measure, stats, streams, tamper, verify
+from perfloop import ceilings, child, envinfo, measure, stats, streams, tamper, verify, traffic
 from perfloop.atomic import write_json
+from perfloop.errors import UserError
 from perfloop.judging import imported_files
 from perfloop.kernel import Shape, import_module
 from perfloop.playbook import Measure, freeze
@@ -122,6 +123,8 @@ class Worker:
         self.overhead = {"stream_check": 0.0, "fresh_inputs": 0.0, "output_check": 0.0}
         self.rng = random.Random(os.urandom(16))
         self.contract = import_module(Path(spec["contract_folder"]), "contract")
+        for raw in spec["shapes"]:  # a wrong traffic() stops the worker before any timing
+            traffic.of(self.contract, Shape.from_dict(raw), Path(spec["contract_folder"]).name)
         self.device = getattr(self.contract, "DEVICE", "cuda")
         self.gpu = self.device == "cuda"
         # the clock and the tamper snapshot exist before any variant's code is imported
@@ -258,10 +261,11 @@ class Worker:
             if limit and ratio is not None and ratio > limit:
                 self._fail(label, f"at {shape.name} the checked launches, on fresh inputs, took "
                                   f"{ratio:.2f}x the others: its results look cached")
-        bytes_moved, flops = self.contract.traffic(shape)
-        floor = ceilings.floor_ms(bytes_moved, flops, self.ceilings) if self.ceilings else None
+        done = traffic.of(self.contract, shape, Path(self.spec["contract_folder"]).name)
+        floor = ceilings.floor_ms(done.bytes, done.flops, self.ceilings) if self.ceilings else None
         bucket = self.contract.bucket(inputs) if hasattr(self.contract, "bucket") else None
-        return {"bytes": bytes_moved, "flops": flops, "floor_ms": floor, "bucket": bucket,
+        return {"bytes": done.bytes, "flops": done.total_flops, "flops_by_unit": done.flops,
+                "floor_ms": floor, "bucket": bucket,
                 "held_back": shape.held_back, **rounds.to_json(),
                 "fresh_ratio": {label: _fresh_ratio(c) for label, c in rounds.checked.items()}}
 
@@ -365,7 +369,11 @@ def _fastest(first_pass: dict, candidates: list[str], headline: str, tolerance: 
 def main(spec_path: str) -> int:
     child.guard_parent()
     spec = json.loads(Path(spec_path).read_text())
-    worker = Worker(spec)
+    try:
+        worker = Worker(spec)
+    except UserError as exc:  # the contract itself is wrong (traffic()): its one line, no label
+        Progress(Path(spec["progress"]))(None, "contract", reason=str(exc))
+        return 6
     worker.wait_for_go()
     try:
         result = worker.run()

@@ -7,7 +7,7 @@ EXPERIMENT_KEYS = {"iteration", "kind", "optimization", "knob", "value", "descri
                    "correctness", "latency_ms", "gain", "reason", "commit", "ref"}
 SUGGESTION_KEYS = {"id", "title", "family", "knob", "candidates", "rank", "reason"}
 STATUS_KEYS = {"schema", "command", "ok", "kernel", "run_id", "branch", "kernel_class",
-               "intensity_flop_per_byte", "base_commit", "incumbent", "baseline_latency_ms",
+               "intensity_flop_per_byte", "class_basis", "base_commit", "incumbent", "baseline_latency_ms",
                "speedup_vs_baseline", "iterations", "experiments", "stopped", "interrupted",
                "in_flight",
                "table", "record"}
@@ -22,6 +22,7 @@ def test_agent_drives_init_next_step_status_through_json(scratch):
     assert code == 0 and init["ok"] and init["experiment"]["optimization"] == "baseline"
     assert set(init["experiment"]) == EXPERIMENT_KEYS
     assert init["status"]["kernel_class"] == "memory-bound"
+    assert "fixed bounds" in init["status"]["class_basis"]   # a CPU clock: no ridge point
 
     steps = []
     while True:

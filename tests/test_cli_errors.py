@@ -115,6 +115,23 @@ def test_broken_playbook(scratch):
     assert_one_line(err, "rules.toml is not valid TOML")
 
 
+@pytest.mark.parametrize("returned,words", [
+    ("12 * shape.dims[0]", "returned int"),
+    ('{"bytes": 12 * shape.dims[0], "flops": {"tensor.int4": 1}}',
+     "unknown execution unit 'tensor.int4'"),
+])
+def test_a_wrong_traffic_is_refused_in_one_line_before_anything_is_written(scratch, returned,
+                                                                           words):
+    path = scratch.kernel / "kernel.py"
+    path.write_text(path.read_text().replace(
+        "return 12 * shape.dims[0], 2 * shape.dims[0]", f"return {returned}"))
+    scratch.commit_all("a traffic() that is neither form")
+    before = scratch.snapshot()
+    code, _, err = human(scratch.path, "init", "--kernel", "scripted")
+    assert code == 2 and scratch.snapshot() == before
+    assert_one_line(err, "kernel 'scripted': traffic(shape", words)
+
+
 def test_no_run_yet(scratch):
     code, _, err = human(scratch.path, "next", "--kernel", "scripted")
     assert code == 2

@@ -172,10 +172,12 @@ def reference(a, b):
     return torch.matmul(a, b)
 
 
-def traffic(shape) -> tuple[int, int]:
-    """Bytes that must move (read A and B once, write C) and tensor-core FLOPs (2 M N K)."""
+def traffic(shape) -> dict:
+    """Bytes that must move (read A and B once, write C) and tensor-core FLOPs (2 M N K) at
+    the inputs' dtype ("tensor.bfloat16" or "tensor.float16": one rate)."""
     m, n, k = shape.dims
-    return (m * k + k * n + m * n) * DTYPES[shape.dtype].itemsize, 2 * m * n * k
+    return {"bytes": (m * k + k * n + m * n) * DTYPES[shape.dtype].itemsize,
+            "flops": {f"tensor.{shape.dtype}": 2 * m * n * k}}
 
 
 def competitors() -> dict:

@@ -226,13 +226,16 @@ def reference(x, w):
     return (y * w.to(y.dtype)).to(x.dtype)
 
 
-def traffic(shape) -> tuple[int, int]:
-    """Bytes that must move (read x and w, write y) and FLOPs (square, add, scale, weight)."""
+def traffic(shape) -> dict:
+    """Bytes that must move (read x and w, write y); fp32 FLOPs per element (square and add,
+    one FMA: 2; scale; weight) and per row (mean, eps), and one rsqrt per row on the
+    special-function units."""
     numel = 1
     for d in shape.dims:
         numel *= d
-    size = DTYPES[shape.dtype].itemsize
-    return (2 * numel + shape.dims[-1]) * size, 4 * numel
+    rows, size = numel // shape.dims[-1], DTYPES[shape.dtype].itemsize
+    return {"bytes": (2 * numel + shape.dims[-1]) * size,
+            "flops": {"fp32": 4 * numel + 2 * rows, "sfu": rows}}
 
 
 def compile_ahead(knobs: dict, shapes, arch: str) -> None:

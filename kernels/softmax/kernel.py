@@ -211,12 +211,16 @@ def reference(x):
     return torch.softmax(x, dim=-1)
 
 
-def traffic(shape) -> tuple[int, int]:
-    """Bytes that must move (read x, write y) and FLOPs (max, subtract, exp, sum, divide)."""
+def traffic(shape) -> dict:
+    """Bytes that must move (read x, write y); fp32 FLOPs per element (max, subtract, sum,
+    scale by 1 / sum); on the special-function units an exp per element and a reciprocal of
+    the sum per row."""
     numel = 1
     for d in shape.dims:
         numel *= d
-    return 2 * numel * DTYPES[shape.dtype].itemsize, 5 * numel
+    rows = numel // shape.dims[-1]
+    return {"bytes": 2 * numel * DTYPES[shape.dtype].itemsize,
+            "flops": {"fp32": 4 * numel, "sfu": numel + rows}}
 
 
 def compile_ahead(knobs: dict, shapes, arch: str) -> None:

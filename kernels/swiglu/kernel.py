@@ -217,12 +217,15 @@ def reference(a, b):
     return torch.nn.functional.silu(a) * b
 
 
-def traffic(shape) -> tuple[int, int]:
-    """Bytes that must move (read a and b, write c) and FLOPs (neg, exp, add, div, mul)."""
+def traffic(shape) -> dict:
+    """Bytes that must move (read a and b, write c); per element, the sigmoid's exp and
+    reciprocal on the special-function units, and fp32 FLOPs (1 + exp, a x 1 / (1 + exp),
+    times b)."""
     numel = 1
     for d in shape.dims:
         numel *= d
-    return 3 * numel * DTYPES[shape.dtype].itemsize, 5 * numel
+    return {"bytes": 3 * numel * DTYPES[shape.dtype].itemsize,
+            "flops": {"fp32": 3 * numel, "sfu": 2 * numel}}
 
 
 def compile_ahead(knobs: dict, shapes, arch: str) -> None:

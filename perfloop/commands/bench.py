@@ -1,6 +1,6 @@
 import time
 
-from perfloop import phases
+from perfloop import phases, traffic
 from perfloop.atomic import write_json
 from perfloop.errors import UserError
 from perfloop.kernel import import_module
@@ -30,6 +30,7 @@ def add_arguments(p):
 def execute(args):
     s = Session(args.kernel, args.playbook)
     module = import_module(s.spec.folder, f"bench_{s.spec.name}")
+    traffic.check(module, s.spec)
     if not s.spec.requires_gpu or getattr(module, "DEVICE", "cuda") != "cuda" \
             or hasattr(module, "Clock"):
         raise UserError(f"kernel '{s.spec.name}' is not timed on a GPU (requires_gpu = false, or "

@@ -1,6 +1,6 @@
 import time
 
-from perfloop import dispatch, gitops, progress, search, variants
+from perfloop import dispatch, gitops, progress, search, variants, traffic
 from perfloop.errors import UserError
 from perfloop.kernel import find_folder, import_module, load_spec
 from perfloop.playbook import load, resolve_dir, thaw
@@ -31,6 +31,8 @@ def execute(args):
     if not archs or any(not a.startswith("sm_") for a in archs):
         raise UserError(f"--arch takes targets like sm_90,sm_100, not '{args.arch}'")
     module = import_module(folder, f"check_{spec.name}")
+    if hasattr(module, "traffic"):  # a compile-only folder may lack it; run and bench refuse
+        traffic.check(module, spec)   # the benchmark's bytes and operations, read as a run will
     if not hasattr(module, "compile_ahead"):
         raise UserError(f"kernel '{spec.name}' has no compile_ahead(knobs, shapes, arch) in kernel.py")
     committed = spec.read_knobs()

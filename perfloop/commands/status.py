@@ -20,6 +20,8 @@ def execute(args):
 def render(st):
     inc = st["incumbent"]
     lines = [f"{st['kernel']} on {st['branch']}, {st['kernel_class'] or 'unclassified'}"]
+    if st.get("class_basis"):
+        lines.append(f"  class from {st['class_basis']}")
     for e in st["experiments"]:
         lines.append(views.experiment_line(e))
     if inc["latency_ms"]:
