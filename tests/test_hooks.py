@@ -278,6 +278,50 @@ def test_a_judge_gets_the_tolerance_hook_from_the_runs_pinned_copy(tmp_path, mon
     assert correctness.tolerance(folders["work"], "float32", dims=(100,))["atol"] == pytest.approx(1e-7)
 
 
+# ---- matmul's tolerance grows with K ----------------------------------------------------------
+MATMUL_SHAPES = [((4096, 4096, 4096), "bfloat16"), ((128, 8192, 8192), "bfloat16"),
+                 ((3000, 5000, 2000), "float16")]
+
+
+@pytest.fixture(scope="module")
+def matmul():
+    pytest.importorskip("cuda.tile")
+    from perfloop.kernel import import_module
+
+    return import_module(Path(__file__).resolve().parent.parent / "kernels" / "matmul",
+                         "matmul_tolerance")
+
+
+def test_matmuls_tolerance_grows_with_k_and_the_judge_reads_the_same(matmul):
+    from perfloop import correctness
+
+    def at(k, dtype="bfloat16"):
+        return matmul.tolerance(Shape("s", (64, 64, k), dtype), 0, dtype)
+
+    assert at(8192)["atol"] == pytest.approx(2 * at(4096)["atol"])
+    assert at(1)["max_rel_err"] < at(4096)["max_rel_err"] < at(8192)["max_rel_err"]
+    assert at(4096)["rtol"] == at(8)["rtol"]          # the output's rounding does not grow
+    assert matmul.tolerance(Shape("s", (1, 1, 1), "float32"), 0, "float32") is None
+    folder = Path(matmul.__file__).parent
+    assert correctness.tolerance(folder, "float16", dims=(3000, 5000, 2000)) == at(2000, "float16")
+
+
+@pytest.mark.parametrize("dims, dtype", MATMUL_SHAPES, ids=lambda x: str(x))
+def test_matmul_at_its_shapes_passes_with_fp32_accumulation_and_fails_one_product_short(
+        matmul, dims, dtype):
+    """On the CPU: 32 rows of C, accumulated in float32 by BLAS then rounded as the kernel
+    does, pass with room; the same missing K's last product fails."""
+    shape = Shape("s", dims, dtype)
+    a, b = matmul.make_inputs(Shape("rows", (32, *dims[1:]), dtype), 3, "cpu")
+    reference = a.double() @ b.double()
+    tol = matmul.tolerance(shape, 0, dtype)
+    right = (a.float() @ b.float()).to(a.dtype)
+    good = verify.compare(right, reference, {}, dtype, fixed=tol)
+    assert good["passed"] and good["rel_err"] < tol["max_rel_err"] / 2
+    short = (a[:, :-1].float() @ b[:-1].float()).to(a.dtype)
+    assert not verify.compare(short, reference, {}, dtype, fixed=tol)["passed"]
+
+
 # ---- through the loop: the worker reads the hooks from the run's pinned kernel.py ----------
 SUPPORT = Path(__file__).resolve().parent / "support"
 
