@@ -87,6 +87,37 @@ class Hooks:
         return out
 
 
+class Restore:
+    """Run before every launch: each in-place input back to its pristine copy, scratch poisoned,
+    so that no launch runs on what an earlier one left behind."""
+
+    def __init__(self, kernel_hooks: Hooks, inputs, scratch):
+        self.inputs, self.inplace, self.scratch = inputs, kernel_hooks.inplace, scratch
+        self.pristine = [verify.clone(inputs[i]) for i in self.inplace]
+
+    def __call__(self) -> None:
+        for i, saved in zip(self.inplace, self.pristine):
+            verify.refill(self.inputs[i], saved)
+        if self.scratch is not None:
+            verify.poison(self.scratch)
+
+    def redraw(self, new) -> None:
+        """New inputs were drawn (refilled into the same buffers): restore to them from now."""
+        for i, saved in zip(self.inplace, self.pristine):
+            verify.refill(saved, new[i])
+
+
+def prepare(module, inputs, out) -> tuple[Hooks, tuple, Restore | None]:
+    """The hooks of `module` checked against one shape's buffers: (hooks, the extra launch
+    arguments (scratch), the restore to run before every launch or None if nothing needs it)."""
+    kernel_hooks = Hooks.of(module)
+    kernel_hooks.check_inputs(inputs, out)
+    scratch = kernel_hooks.make_scratch(inputs, out)
+    restore = (Restore(kernel_hooks, inputs, scratch)
+               if kernel_hooks.inplace or scratch is not None else None)
+    return kernel_hooks, (() if scratch is None else (scratch,)), restore
+
+
 def valid(tol, where: str) -> dict:
     """A tolerance is exactly {rtol, atol, max_rel_err}, each a number >= 0."""
     if (not isinstance(tol, dict) or set(tol) != set(TOLERANCE_KEYS) or not all(

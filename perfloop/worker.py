@@ -68,24 +68,16 @@ class OutputCheck:
 
     def __init__(self, contract, shape: Shape, inputs, out, tolerance: dict, device: str,
                  seed: int, overhead: dict, kernel_hooks: hooks.Hooks = hooks.Hooks(),
-                 scratch=None):
+                 restore: hooks.Restore | None = None):
         self.contract, self.shape, self.inputs, self.out = contract, shape, inputs, out
         self.tolerance, self.device, self.seed = tolerance, device, seed
         self.overhead = overhead  # host seconds spent drawing inputs and checking outputs
         self.draws = 0
         self.reference = self.copy = self.drawn = None
         self.reference_dtype = "float64"
-        self.hooks, self.scratch = kernel_hooks, scratch
+        self.hooks = kernel_hooks
         self.each = kernel_hooks.tolerances(shape, kernel_hooks.checked(out, inputs), tolerance)
-        # in-place inputs as drawn: every launch starts from them, so repetitions never compound
-        self.pristine = [verify.clone(inputs[i]) for i in kernel_hooks.inplace]
-        self.reset = self._reset if self.pristine or scratch is not None else None
-
-    def _reset(self) -> None:
-        for i, saved in zip(self.hooks.inplace, self.pristine):
-            verify.refill(self.inputs[i], saved)
-        if self.scratch is not None:
-            verify.poison(self.scratch)
+        self.reset = restore  # run before every launch (measure.alternating); None: nothing to do
 
     def before_each(self) -> None:
         verify.poison(self.out)
@@ -97,8 +89,8 @@ class OutputCheck:
         self.draws += 1
         new = self.contract.make_inputs(self.shape, self.seed + self.draws, self.device)
         verify.refill(self.inputs, new)
-        for i, saved in zip(self.hooks.inplace, self.pristine):
-            verify.refill(saved, new[i])  # later launches restore to these
+        if self.reset is not None:
+            self.reset.redraw(new)  # later launches restore to these
         self.reference = self._reference(new)
         self.drawn = new  # to see whether a launch wrote to an input it did not declare
         self.copy = None
@@ -262,16 +254,13 @@ class Worker:
         out = self.contract.empty_output(inputs)
         tolerance = self.spec.get("tolerance", {})
         try:  # a hook declared wrongly voids the benchmark, not one variant
-            kernel_hooks = hooks.Hooks.of(self.contract)
-            kernel_hooks.check_inputs(inputs, out)
-            scratch = kernel_hooks.make_scratch(inputs, out)
+            kernel_hooks, extra, restore = hooks.prepare(self.contract, inputs, out)
             check = OutputCheck(self.contract, shape, inputs, out, tolerance, self.device,
                                 seed=1_000_003 * (index + 1) + 7919 * seed,
                                 overhead=self.overhead, kernel_hooks=kernel_hooks,
-                                scratch=scratch)
+                                restore=restore)
         except hooks.ContractError as exc:
             raise VariantFailed(INCUMBENT, str(exc)) from None
-        extra = () if scratch is None else (scratch,)
         while True:
             active = [label for label in labels if label not in self.failed]
             bound = {label: self._bound(label, inputs, out, extra) for label in active}

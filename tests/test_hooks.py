@@ -62,13 +62,10 @@ def timed(contract, launch, *, tolerance=None, clock=None):
     clock = clock or RecordingClock()
     inputs = contract.make_inputs(SHAPE, 0, "cpu")
     out = contract.empty_output(inputs)
-    kernel_hooks = hooks.Hooks.of(contract)
-    kernel_hooks.check_inputs(inputs, out)
-    scratch = kernel_hooks.make_scratch(inputs, out)
+    kernel_hooks, extra, restore = hooks.prepare(contract, inputs, out)
     check = OutputCheck(contract, SHAPE, inputs, out, tolerance or {}, "cpu", seed=1,
                         overhead={"fresh_inputs": 0.0, "output_check": 0.0},
-                        kernel_hooks=kernel_hooks, scratch=scratch)
-    extra = () if scratch is None else (scratch,)
+                        kernel_hooks=kernel_hooks, restore=restore)
     rounds = measure.alternating(clock, {"v": lambda: launch(inputs, out, *extra)}, SETTINGS,
                                  verifier=check)
     return rounds.checked["v"], clock
