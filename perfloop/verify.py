@@ -70,10 +70,21 @@ def refill(dst, src) -> None:
 
 
 def same_memory(a, b) -> bool:
-    """Whether two leaves share memory (tensors: one storage; number lists: one list)."""
+    """Whether two leaves overlap in memory (tensors: their spans of one device's memory;
+    number lists: one list)."""
     if _is_tensor(a) and _is_tensor(b):
-        return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+        if a.device != b.device or not a.numel() or not b.numel():
+            return False
+        (a0, a1), (b0, b1) = _span(a), _span(b)
+        return a0 < b1 and b0 < a1
     return a is b
+
+
+def _span(t) -> tuple[int, int]:
+    """The addresses from a tensor's first element to past its last (torch strides are >= 0);
+    views that interleave count as overlapping."""
+    last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+    return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
 
 
 def unchanged(now, before) -> bool:

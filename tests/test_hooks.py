@@ -367,3 +367,12 @@ def test_a_wrong_in_place_declaration_fails_the_baseline_in_one_line(inplace):
     code, out, err = inplace.cli("init", "--kernel", "scripted")
     assert code != 0 and "Traceback" not in err
     assert "INPLACE names input 7, but make_inputs returns 3 inputs" in json.dumps(out)
+
+
+def test_memory_is_shared_only_where_views_overlap():
+    whole = torch.zeros(100)
+    assert verify.same_memory(whole[:51], whole[50:]) and verify.same_memory(whole, whole[3:4])
+    assert not verify.same_memory(whole[:50], whole[50:])      # one allocation, two halves
+    assert not verify.same_memory(whole, torch.zeros(100))
+    values = [1.0, 2.0]
+    assert verify.same_memory(values, values) and not verify.same_memory(values, list(values))
