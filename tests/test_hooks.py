@@ -376,3 +376,19 @@ def test_memory_is_shared_only_where_views_overlap():
     assert not verify.same_memory(whole, torch.zeros(100))
     values = [1.0, 2.0]
     assert verify.same_memory(values, values) and not verify.same_memory(values, list(values))
+
+
+def test_the_cuda_clock_runs_before_ahead_of_its_flush_pad_and_start_event():
+    """The restore runs in `before`: on the GPU clock that must come ahead of the L2 flush (so
+    the flush evicts what the copy wrote) and the sleep pad, and outside the events."""
+    log = []
+    clock = object.__new__(measure.CudaClock)
+    clock.pad_us, clock.cycles_per_us = 20.0, 1.0
+    clock._event = lambda enable_timing: object()
+    clock._record = lambda event: log.append("record")
+    clock.flush = lambda: log.append("flush")
+    clock._sleep = lambda cycles: log.append("sleep")
+    clock._sync = lambda: log.append("sync")
+    clock._elapsed = lambda start, end: 1.0
+    clock.time_batch(lambda: log.append("launch"), 2, before=lambda i: log.append("before"))
+    assert log == ["before", "flush", "sleep", "record", "launch", "record"] * 2 + ["sync"]
