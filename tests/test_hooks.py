@@ -392,3 +392,28 @@ def test_the_cuda_clock_runs_before_ahead_of_its_flush_pad_and_start_event():
     clock._elapsed = lambda start, end: 1.0
     clock.time_batch(lambda: log.append("launch"), 2, before=lambda i: log.append("before"))
     assert log == ["before", "flush", "sleep", "record", "launch", "record"] * 2 + ["sync"]
+
+
+@pytest.mark.parametrize("name", ["swiglu", "rmsnorm", "softmax", "matmul"])
+def test_the_shipped_kernels_declare_no_in_place_input_or_scratch(name):
+    """So their timing is what it was: no restore, no extra launch argument."""
+    pytest.importorskip("cuda.tile")
+    from perfloop.kernel import import_module, load_spec
+
+    root = Path(__file__).resolve().parent.parent
+    module = import_module(root / "kernels" / name, f"shipped_{name}")
+    spec = load_spec(root / "kernels" / name, root)
+    small = Shape("small", tuple(min(d, 64) for d in spec.headline.dims), spec.headline.dtype)
+    inputs = module.make_inputs(small, 0, "cpu")
+    kernel_hooks, extra, restore = hooks.prepare(module, inputs, module.empty_output(inputs))
+    assert (kernel_hooks.inplace, extra, restore) == ((), (), None)
+    assert (kernel_hooks.tolerance is not None) == (name == "matmul")
+
+
+def test_unchanged_holds_nan_equal_to_nan_and_sees_one_changed_element():
+    x = torch.tensor([1.0, float("nan"), 3.0])
+    assert verify.unchanged((x, [1.0, float("nan")]), (x.clone(), [1.0, float("nan")]))
+    y = x.clone()
+    y[2] = 4.0
+    assert not verify.unchanged((y,), (x,))
+    assert not verify.unchanged(([1.0, 2.0],), ([1.0, 2.5],))
