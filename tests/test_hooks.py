@@ -272,7 +272,8 @@ def test_a_judge_gets_the_tolerance_hook_from_the_runs_pinned_copy(tmp_path, mon
     assert correctness.tolerance(folders["work"], "float32", dims=(100,))["atol"] == 50.0
     monkeypatch.setattr(judging, "REQUEST", {"contract": {"folder": str(folders["work"]),
                                                           "copy": str(folders["pinned"])}})
-    assert correctness.tolerance(folders["work"], "float32", dims=(100,))["atol"] == pytest.approx(1e-7)
+    pinned = correctness.tolerance(folders["work"], "float32", dims=(100,))
+    assert pinned["atol"] == pytest.approx(1e-7)
 
 
 # ---- matmul's tolerance grows with K ----------------------------------------------------------

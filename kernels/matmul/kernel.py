@@ -181,10 +181,11 @@ def reference(a, b):
 #    Higham & Mary's probabilistic analysis (SIAM J. Sci. Comput. 41(5), 2019) an element's
 #    error is within lambda * sqrt(K) * u32 * sum_k |a_ik b_kj|, u32 = 2^-24, with probability
 #    at least 1 - 2K exp(-lambda^2 / 2) each: with lambda = 8, under 0.2% that any of the 16M
-#    elements of the 4096^3 product exceeds it. make_inputs draws A ~ N(0, 1) and B ~ N(0, 1/K), so C's
-#    entries are ~N(0, 1) and sum_k |a_ik b_kj| ~ (2/pi) sqrt(K): atol = 8 (2/pi) K u32. The
-#    norm-wise share of that sum grows as sqrt(K) u32 (its rms); 32 sqrt(K) u32 covers even
-#    products added one at a time with truncation (CPU emulation: 15 sqrt(K) u32 at K = 2000).
+#    elements of the 4096^3 product exceeds it. make_inputs draws A ~ N(0, 1) and
+#    B ~ N(0, 1/K), so C's entries are ~N(0, 1) and sum_k |a_ik b_kj| ~ (2/pi) sqrt(K):
+#    atol = 8 (2/pi) K u32. Norm-wise the sum's error is its rms, ~sqrt(K) u32; 32 sqrt(K) u32
+#    covers even products added one at a time with truncation toward zero (a CPU emulation,
+#    worse than tensor cores: 15 sqrt(K) u32 at K = 2000).
 # A judge whose inputs are larger multiplies atol by its own scale (tests/test_matmul.py).
 # At the benchmark shapes, rtol / atol / max_rel_err (fixed before: 8e-3 / 2e-3 / 5e-3 bf16,
 # 2e-3 / 5e-4 / 1e-3 fp16):

@@ -47,8 +47,9 @@ def build(knobs: dict):
 
 def make_inputs(shape, seed, device):
     rng = random.Random(seed)
-    draw = lambda: [float(rng.randrange(-1000, 1000)) / 8 for _ in range(shape.dims[0])]  # noqa: E731
-    return (shape.name, draw(), draw())
+    x, y = ([float(rng.randrange(-1000, 1000)) / 8 for _ in range(shape.dims[0])]
+            for _ in range(2))
+    return (shape.name, x, y)
 
 
 def empty_output(inputs):

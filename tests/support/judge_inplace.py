@@ -11,7 +11,8 @@ from perfloop.playbook import freeze
 @pytest.mark.parametrize("variant", requested_variants() or [], ids=lambda v: v["label"])
 @pytest.mark.parametrize("n", [1, 5, 1000])
 def test_adds_in_place(variant, n):
-    launch = module_for(variant["folder"]).build({k: freeze(v) for k, v in variant["knobs"].items()})
+    knobs = {k: freeze(v) for k, v in variant["knobs"].items()}
+    launch = module_for(variant["folder"]).build(knobs)
     rng = random.Random(n)
     x = [float(rng.randrange(-50, 50)) for _ in range(n)]
     y = [float(rng.randrange(-50, 50)) for _ in range(n)]
