@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from perfloop import judging, verify
-from perfloop.kernel import import_module, read_toml
+from perfloop import hooks, judging, verify
+from perfloop.kernel import Shape, import_module, read_toml
 from perfloop.playbook import freeze
 
 
@@ -71,11 +71,28 @@ def module_for(folder: str):
     return _modules[folder]
 
 
-def tolerance(folder, dtype: str) -> dict:
-    """The kernel's declared tolerance for outputs of `dtype` (kernel.toml [tolerance.<dtype>],
-    else perfloop's default): the numbers the timing worker checks timed outputs with."""
+def tolerance(folder, dtype: str, *, dims=None, index: int = 0) -> dict:
+    """The tolerance the timing worker checks timed outputs with: with `dims` (this case's
+    shape), the kernel's own `tolerance(shape, index, dtype)` for its output `index` if
+    kernel.py has one and it answers; else kernel.toml's [tolerance.<dtype>], else perfloop's
+    default. Under the loop the hook is read from the run's pinned copy of the kernel (like the
+    worker's), so an experiment that edits it changes nothing."""
+    if dims is not None:
+        module = module_for(_pinned(folder))
+        hook = hooks.Hooks.of(module).tolerance
+        mine = hook(Shape("judge", tuple(dims), dtype), index, dtype) if hook else None
+        if mine is not None:
+            return dict(hooks.valid(mine, f"{folder}/kernel.py: tolerance"))
     declared = read_toml(Path(folder) / "kernel.toml", "kernel manifest").get("tolerance", {})
     return verify.tolerance_for(dtype, declared)
+
+
+def _pinned(folder) -> str:
+    """The run's base-commit copy of `folder` when the loop runs this judge, else `folder`."""
+    contract = (judging.REQUEST or {}).get("contract")
+    if contract and Path(folder).resolve() == Path(contract["folder"]).resolve():
+        return contract["copy"]
+    return str(folder)
 
 
 def log_case(label: str, case: str, passed: bool, **detail) -> None:

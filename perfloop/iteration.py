@@ -185,7 +185,8 @@ def _run(s: Session, proposal: Proposal) -> dict:
     try:
         judged = phases.judge(s.root / state.judge, candidates, cwd=s.root, work=work,
                               deadline=deadline, stall_s=rules.stall_timeout_s, env=env,
-                              processes=rules.judge_processes
+                              processes=rules.judge_processes,
+                              contract={"folder": str(s.spec.folder), "copy": str(contract_dir)}
                               ) if candidates else phases.JudgeResult(detail="none left to judge")
     except BaseException:  # Ctrl-C while judging: the waiting worker goes too
         phases.abandon(timer)

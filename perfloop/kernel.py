@@ -15,7 +15,11 @@ A kernel folder holds
                FLOPs as tensor.bf16), optionally DEVICE and Clock (CPU-timed kernels); optionally
                compile_ahead(knobs, shapes, arch) for `perfloop check`; optionally
                bucket(inputs) -> str, the key of per-shape dispatch (perfloop.dispatch);
-               optionally competitors() -> {name: fn(*inputs)}, timed by `perfloop bench`.
+               optionally competitors() -> {name: fn(*inputs)}, timed by `perfloop bench`;
+               optionally (perfloop.hooks) INPLACE, the inputs launch updates (restored before
+               every launch, checked against reference's extra results), scratch(inputs) ->
+               buffers passed as launch(inputs, out, buffers), and tolerance(shape, index,
+               dtype), a tolerance per output and shape over kernel.toml's per-dtype one.
 README.md ("Writing a kernel") documents it for users.
 """
 

@@ -108,10 +108,14 @@ class CudaClock:
                 "host time", "sleep_cycles_per_us": round(self.cycles_per_us, 1)}
 
 
-def host_us(fn: Callable[[], object], calls: int) -> list[float]:
-    """Host time of each call, in microseconds (what launching costs the CPU)."""
+def host_us(fn: Callable[[], object], calls: int,
+            reset: Callable[[], None] | None = None) -> list[float]:
+    """Host time of each call, in microseconds (what launching costs the CPU); `reset` runs
+    ahead of each call, untimed."""
     out = []
     for _ in range(calls):
+        if reset is not None:
+            reset()
         t0 = time.perf_counter()
         fn()
         out.append((time.perf_counter() - t0) * 1e6)
@@ -124,13 +128,16 @@ def pad_for(host_samples: list[float]) -> float:
     return max(20.0, 2.0 * statistics.median(host_samples) + 20.0)
 
 
-def warm_up(clock: Clock, fn, warmup_ms: float, give_up_ms: float | None = None) -> float:
+def warm_up(clock: Clock, fn, warmup_ms: float, give_up_ms: float | None = None,
+            reset: Callable[[], None] | None = None) -> float:
     """Run until warmup_ms of kernel time has passed; return the typical time of one run.
-    Past give_up_ms per run (two runs agreeing), it returns at once: a cliff is plain to see."""
-    clock.time_batch(fn, 1)  # first launch: compilation, module load
+    Past give_up_ms per run (two runs agreeing), it returns at once: a cliff is plain to see.
+    `reset` runs ahead of each run, outside the timed window."""
+    before = None if reset is None else (lambda i: reset())
+    clock.time_batch(fn, 1, before)  # first launch: compilation, module load
     spent, recent, clean = 0.0, [], []
     while spent < warmup_ms or len(recent) < 3:
-        sample = clock.time_batch(fn, 1)[0]
+        sample = clock.time_batch(fn, 1, before)[0]
         spent += max(sample, 1e-3)
         recent = (recent + [sample])[-5:]
         if not getattr(clock, "host_bound", None):  # (a host-bound sample holds idle time)
@@ -153,7 +160,8 @@ class Checked:
 
 class Verifier(Protocol):
     """Poison before every repetition; fresh inputs and their reference for the verified one;
-    a copy of its output; the check of that copy."""
+    a copy of its output; the check of that copy. Optionally `reset`, run before every call
+    (warm-up and host timing too): in-place inputs restored, scratch poisoned."""
 
     def before_each(self) -> None: ...
     def fresh(self, round_index: int, label: str) -> None: ...
@@ -189,10 +197,15 @@ def alternating(clock: Clock, launchers: dict[str, Callable], settings: Measure,
     rng = rng or random.Random()
     labels = list(launchers)
     host = {}
+    # in-place inputs restored (scratch poisoned) before every call, timed or not, so that no
+    # call runs on what earlier calls left behind; None for kernels without such hooks
+    reset = getattr(verifier, "reset", None)
     for label in labels:
         on_batch(label)
+        if reset is not None:
+            reset()
         launchers[label]()  # first call: compile, load, and any autotuning, outside the host timing
-        host[label] = host_us(launchers[label], 10)
+        host[label] = host_us(launchers[label], 10, reset)
     padded = hasattr(clock, "pad_us")
     if padded:  # warm-up estimates must hold no host time, or a host-heavy launch looks a cliff
         clock.pad_us = max(pad_for(hs) for hs in host.values())
@@ -202,11 +215,12 @@ def alternating(clock: Clock, launchers: dict[str, Callable], settings: Measure,
         on_batch(label)
         give_up = (cliff * estimates[labels[0]] if cliff and estimates and label not in unverified
                    else None)
-        estimates[label] = warm_up(clock, launchers[label], settings.warmup_ms, give_up)
+        estimates[label] = warm_up(clock, launchers[label], settings.warmup_ms, give_up, reset)
         if give_up is not None and estimates[label] > give_up:
             # a slow start is not a cliff: on an H100 warm-ups of 5x and 9.7x came from kernels
             # that then ran at 1.0x and 1.26x. A cliff (spills: ~15x) stays slow when retried.
-            estimates[label] = warm_up(clock, launchers[label], settings.warmup_ms, give_up)
+            estimates[label] = warm_up(clock, launchers[label], settings.warmup_ms, give_up,
+                                       reset)
         if give_up is not None and estimates[label] > give_up:
             cliffs[label] = estimates.pop(label) / estimates[labels[0]]
     labels = [label for label in labels if label not in cliffs]

@@ -64,12 +64,14 @@ class JudgeResult:
 
 def _judge_once(judge_file: Path, variants: list[dict], *, cwd: Path, work: Path,
                 deadline: float, stall_s: float, env: dict,
-                cancel: threading.Event | None = None, shown=None) -> tuple:
+                cancel: threading.Event | None = None, shown=None,
+                contract: dict | None = None) -> tuple:
     tag = nonce()
     request = work / f"judge-{tag}.json"
     log, imports = work / f"judge-{tag}-cases.jsonl", work / f"judge-{tag}-imports.json"
     write_json(request, {"variants": _variants_json(variants), "log": str(log),
-                         "imports_out": str(imports)})
+                         "imports_out": str(imports),
+                         **({"contract": contract} if contract else {})})
     cmd = child.python(cwd, "pytest", str(judge_file), "-q", "-p", "no:cacheprovider", "-p",
                        "perfloop.judging", f"--perfloop-request={request}", "-o", "addopts=",
                        "--rootdir", str(cwd))
@@ -86,10 +88,12 @@ def _judge_once(judge_file: Path, variants: list[dict], *, cwd: Path, work: Path
 
 
 def judge(judge_file: Path, variants: list[dict], *, cwd: Path, work: Path, deadline: float,
-          stall_s: float, env: dict, processes: int = 1) -> JudgeResult:
+          stall_s: float, env: dict, processes: int = 1,
+          contract: dict | None = None) -> JudgeResult:
     """Judge the variants split among up to `processes` pytest processes run side by side; if
     one dies or hangs, judge each of its variants in a process of its own, so one crashing
-    candidate does not void the others."""
+    candidate does not void the others. `contract` ({folder, copy}): the run's pinned copy of
+    the kernel folder, whose tolerance hook the judge's perfloop.correctness.tolerance uses."""
     out = JudgeResult()
     t0 = time.monotonic()
     width = max(1, min(processes, len(variants)))
@@ -101,7 +105,7 @@ def judge(judge_file: Path, variants: list[dict], *, cwd: Path, work: Path, dead
         while pending:
             runs = list(pool.map(lambda group: (group, _judge_once(
                 judge_file, group, cwd=cwd, work=work, deadline=deadline, stall_s=stall_s,
-                env=env, cancel=cancel, shown=shown)), pending))
+                env=env, cancel=cancel, shown=shown, contract=contract)), pending))
             pending = []
             for group, (res, cases, audit) in runs:
                 out.imports |= set(audit.get("imports", ()))

@@ -12,6 +12,7 @@ import json
 import sys
 from pathlib import Path
 
+from perfloop import hooks
 from perfloop.atomic import write_json
 from perfloop.kernel import Shape, import_module
 from perfloop.playbook import freeze
@@ -25,16 +26,24 @@ def main(spec_path: str) -> int:
     launch = module.build({k: freeze(v) for k, v in spec["knobs"].items()})
     inputs = contract.make_inputs(Shape.from_dict(spec["shape"]), 0, device)
     out = contract.empty_output(inputs)
+    try:
+        _, extra, restore = hooks.prepare(contract, inputs, out)
+    except hooks.ContractError as exc:
+        print(f"perfloop: {exc}", file=sys.stderr)
+        return 2
+    reset = restore or (lambda: None)  # in-place inputs as drawn before every launch
     for _ in range(spec.get("warmup", 3)):
-        launch(inputs, out)
+        reset()
+        launch(inputs, out, *extra)
     gpu = device == "cuda"
+    reset()
     if gpu:
         import torch
 
         torch.cuda.synchronize()
         torch.cuda.profiler.start()
     for _ in range(spec.get("launches", 1)):
-        launch(inputs, out)
+        launch(inputs, out, *extra)
     if gpu:
         torch.cuda.synchronize()
         torch.cuda.profiler.stop()

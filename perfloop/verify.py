@@ -69,6 +69,36 @@ def refill(dst, src) -> None:
             d[:] = s
 
 
+def same_memory(a, b) -> bool:
+    """Whether two leaves overlap in memory (tensors: their spans of one device's memory;
+    number lists: one list)."""
+    if _is_tensor(a) and _is_tensor(b):
+        if a.device != b.device or not a.numel() or not b.numel():
+            return False
+        (a0, a1), (b0, b1) = _span(a), _span(b)
+        return a0 < b1 and b0 < a1
+    return a is b
+
+
+def _span(t) -> tuple[int, int]:
+    """The addresses from a tensor's first element to past its last (torch strides are >= 0);
+    views that interleave count as overlapping."""
+    last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+    return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+
+
+def unchanged(now, before) -> bool:
+    """Whether every leaf of `now` holds the values of `before` (NaN equal to NaN)."""
+    for a, b in zip(leaves(now), leaves(before), strict=True):
+        if _is_tensor(a):
+            if not (a.shape == b.shape and (a.equal(b) or bool(
+                    ((a == b) | (a != a) & (b != b)).all()))):
+                return False
+        elif a != b and not all(x == y or x != x and y != y for x, y in zip(a, b, strict=True)):
+            return False
+    return True
+
+
 def clone(x):
     """A deep copy of an output structure (tensors cloned)."""
     if _is_tensor(x):
@@ -99,24 +129,29 @@ def tolerance_for(dtype: str, declared: dict) -> dict:
     return EXACT  # integers, bools: exact
 
 
-def compare(out, ref, declared: dict, fallback_dtype: str, fixed: dict | None = None) -> dict:
+def compare(out, ref, declared: dict, fallback_dtype: str, fixed: dict | None = None,
+            each: list | None = None) -> dict:
     """Every output leaf against its reference leaf; passed only if all are within tolerance:
-    `fixed` for every leaf, or the declared one for each leaf's dtype (`fallback_dtype` for
-    number lists)."""
+    `fixed` for every leaf, `each[i]` for leaf i, or the declared one for each leaf's dtype
+    (`fallback_dtype` for number lists)."""
     outs, refs = leaves(out), leaves(ref)
     if len(outs) != len(refs):
         return {"passed": False, "error": f"{len(outs)} outputs but {len(refs)} references"}
     worst: dict = {"passed": True, "non_finite": 0, "outside_tolerance": 0, "rel_err": 0.0,
                    "max_abs_err": 0.0}
-    for o, r in zip(outs, refs):
-        tol = fixed or tolerance_for(dtype_name(o, fallback_dtype), declared)
+    for i, (o, r) in enumerate(zip(outs, refs)):
+        tol = fixed or (each[i] if each else tolerance_for(dtype_name(o, fallback_dtype),
+                                                           declared))
         one = _compare_leaf(o, r, tol)
-        worst["passed"] &= one["passed"]
         for key in ("non_finite", "outside_tolerance"):
             worst[key] += one[key]
         for key in ("rel_err", "max_abs_err"):
             worst[key] = max(worst[key], one[key]) if not math.isnan(one[key]) else math.nan
-        worst.update({k: one[k] for k in ("rtol", "atol", "max_rel_err")})
+        if worst["passed"]:  # the tolerance reported is the first failing output's
+            worst.update({k: one[k] for k in ("rtol", "atol", "max_rel_err")})
+            if not one["passed"]:
+                worst.update({"passed": False, **({"output": i} if len(outs) > 1 else {}),
+                              **({"error": one["error"]} if "error" in one else {})})
     return worst
 
 

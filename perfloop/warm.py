@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-from perfloop import child
+from perfloop import child, hooks
 from perfloop.kernel import Shape, import_module
 from perfloop.playbook import freeze
 
@@ -40,9 +40,15 @@ def main(spec_path: str) -> int:
     for raw in spec["shapes"]:
         inputs = contract.make_inputs(Shape.from_dict(raw), 0, device)
         out = contract.empty_output(inputs)
+        try:
+            _, extra, restore = hooks.prepare(contract, inputs, out)
+        except hooks.ContractError:
+            return 0  # the timing worker says what is wrong, in one line
         for launch in launches.values():
             try:
-                launch(inputs, out)
+                if restore is not None:
+                    restore()
+                launch(inputs, out, *extra)
             except Exception:
                 continue
         del inputs, out

@@ -29,7 +29,8 @@ import sys
 import time
 from pathlib import Path
 
-from perfloop import ceilings, child, envinfo, measure, stats, streams, tamper, verify, traffic
+from perfloop import (ceilings, child, envinfo, hooks, measure, stats, streams, tamper, traffic,
+                      verify)
 from perfloop.atomic import write_json
 from perfloop.errors import UserError
 from perfloop.judging import imported_files
@@ -63,26 +64,37 @@ def _one_line(exc: BaseException) -> str:
 
 
 class OutputCheck:
-    """The verifier of measure.alternating for one shape: poison, fresh inputs, reference."""
+    """The verifier of measure.alternating for one shape: poison, fresh inputs, reference; and,
+    for a kernel with hooks (perfloop.hooks), in-place inputs restored and scratch poisoned
+    before every launch (`reset`), outside the timed window."""
 
     def __init__(self, contract, shape: Shape, inputs, out, tolerance: dict, device: str,
-                 seed: int, overhead: dict):
+                 seed: int, overhead: dict, kernel_hooks: hooks.Hooks = hooks.Hooks(),
+                 restore: hooks.Restore | None = None):
         self.contract, self.shape, self.inputs, self.out = contract, shape, inputs, out
         self.tolerance, self.device, self.seed = tolerance, device, seed
         self.overhead = overhead  # host seconds spent drawing inputs and checking outputs
         self.draws = 0
-        self.reference = self.copy = None
+        self.reference = self.copy = self.drawn = None
         self.reference_dtype = "float64"
+        self.hooks = kernel_hooks
+        self.each = kernel_hooks.tolerances(shape, kernel_hooks.checked(out, inputs), tolerance)
+        self.reset = restore  # run before every launch (measure.alternating); None: nothing to do
 
     def before_each(self) -> None:
         verify.poison(self.out)
+        if self.reset is not None:
+            self.reset()
 
     def fresh(self, round_index: int, label: str) -> None:
         t0 = time.monotonic()
         self.draws += 1
         new = self.contract.make_inputs(self.shape, self.seed + self.draws, self.device)
         verify.refill(self.inputs, new)
+        if self.reset is not None:
+            self.reset.redraw(new)  # later launches restore to these
         self.reference = self._reference(new)
+        self.drawn = new  # to see whether a launch wrote to an input it did not declare
         self.copy = None
         self.overhead["fresh_inputs"] += time.monotonic() - t0
 
@@ -95,16 +107,31 @@ class OutputCheck:
         return self.contract.reference(*inputs)
 
     def snapshot(self) -> None:
-        self.copy = verify.clone(self.out)
+        self.copy = verify.clone(self.hooks.checked(self.out, self.inputs))
 
     def check(self) -> dict:
         t0 = time.monotonic()
         if self.copy is None:
             self.snapshot()
-        result = verify.compare(self.copy, self.reference, self.tolerance, self.shape.dtype)
-        self.reference = self.copy = None
+        result = verify.compare(self.copy, self.reference, self.tolerance, self.shape.dtype,
+                                each=self.each)
+        written = self._written()
+        if written is not None:
+            result = {**result, "passed": False,
+                      "error": f"it wrote to input {written}, which kernel.py does not "
+                               "declare in INPLACE"}
+        self.reference = self.copy = self.drawn = None
         self.overhead["output_check"] += time.monotonic() - t0
         return {**result, "reference_dtype": self.reference_dtype}
+
+    def _written(self) -> int | None:
+        """The first input not declared in-place whose values differ from those drawn."""
+        if self.drawn is None or not isinstance(self.inputs, (tuple, list)):
+            return None
+        for i, (now, drawn) in enumerate(zip(self.inputs, self.drawn)):
+            if i not in self.hooks.inplace and not verify.unchanged(now, drawn):
+                return i
+        return None
 
 
 class Worker:
@@ -192,14 +219,14 @@ class Worker:
         reference = self.contract.reference
         if kind.startswith("competitor:"):  # the kernel's own list (contract's competitors())
             other = self.contract.competitors()[kind.removeprefix("competitor:")]
-            return lambda inputs, out: other(*inputs)
+            return lambda inputs, out, *scratch: other(*inputs)
         if kind == "eager":
-            return lambda inputs, out: reference(*inputs)
+            return lambda inputs, out, *scratch: reference(*inputs)
         import torch
 
         compiled = {}
 
-        def launch(inputs, out):
+        def launch(inputs, out, *scratch):
             key = id(inputs)
             if key not in compiled:
                 torch._dynamo.reset()
@@ -230,13 +257,19 @@ class Worker:
         inputs = self.contract.make_inputs(shape, seed, self.device)
         out = self.contract.empty_output(inputs)
         tolerance = self.spec.get("tolerance", {})
-        check = OutputCheck(self.contract, shape, inputs, out, tolerance, self.device,
-                            seed=1_000_003 * (index + 1) + 7919 * seed, overhead=self.overhead)
+        try:  # a hook declared wrongly voids the benchmark, not one variant
+            kernel_hooks, extra, restore = hooks.prepare(self.contract, inputs, out)
+            check = OutputCheck(self.contract, shape, inputs, out, tolerance, self.device,
+                                seed=1_000_003 * (index + 1) + 7919 * seed,
+                                overhead=self.overhead, kernel_hooks=kernel_hooks,
+                                restore=restore)
+        except hooks.ContractError as exc:
+            raise VariantFailed(INCUMBENT, str(exc)) from None
         while True:
             active = [label for label in labels if label not in self.failed]
-            bound = {label: self._bound(label, inputs, out) for label in active}
+            bound = {label: self._bound(label, inputs, out, extra) for label in active}
             try:
-                self._stream_check(bound, shape)
+                self._stream_check(bound, shape, check.reset)
                 active = [label for label in active if label not in self.failed]
                 rounds = measure.alternating(
                     self.clock, {label: bound[label] for label in active}, settings,
@@ -274,28 +307,32 @@ class Worker:
         self.progress_label = label
         self.progress(label, "time", shape=shape.name)
 
-    def _bound(self, label: str, inputs, out):
+    def _bound(self, label: str, inputs, out, extra: tuple = ()):
         launch = self.launch[label]
 
         def call():
             try:
-                return launch(inputs, out)
+                return launch(inputs, out, *extra)
             except Exception as exc:
                 raise VariantFailed(label, f"raised while timed: {_one_line(exc)}") from None
 
         return call
 
-    def _stream_check(self, bound: dict, shape: Shape) -> None:
+    def _stream_check(self, bound: dict, shape: Shape, reset=None) -> None:
         if not self.gpu:
             return
         for label, call in bound.items():
             self.progress(label, "compile", shape=shape.name)
             self.progress_label = label
+            if reset is not None:
+                reset()
             call()  # compile first, so the profiled call is a plain one
             if label in self.unverified:
                 continue
             self.progress(label, "stream-check", shape=shape.name)
             t0 = time.monotonic()
+            if reset is not None:
+                reset()
             try:
                 off = streams.off_stream_activity(call)
             except streams.Unavailable as exc:
@@ -348,7 +385,8 @@ def _fresh_ratio(checked: measure.Checked) -> float | None:
 def _describe_mismatch(failure: dict) -> str:
     if failure.get("error"):
         return failure["error"]
-    return (f"{failure['non_finite']} non-finite, {failure['outside_tolerance']} outside "
+    which = f"output {failure['output']}: " if "output" in failure else ""
+    return (f"{which}{failure['non_finite']} non-finite, {failure['outside_tolerance']} outside "
             f"atol={failure['atol']} rtol={failure['rtol']}, relative error {failure['rel_err']:.3g}")
 
 

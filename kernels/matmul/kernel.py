@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import io
 import json
+import math
 from pathlib import Path
 
 import cuda.tile as ct
@@ -170,6 +171,40 @@ def empty_output(inputs):
 def reference(a, b):
     """torch.matmul in the inputs' dtype (cuBLAS on a GPU): the competitor in `perfloop bench`."""
     return torch.matmul(a, b)
+
+
+# C's tolerance at [M, N, K]. Two errors add up:
+#  - rounding C to the output dtype, relative and K-free: unit roundoff 2^-8 (bf16), 2^-11
+#    (fp16). RTOL allows 2u and 4u per element, MAX_REL what that rounding gives norm-wise
+#    (~1.7e-3 bf16, ~2.1e-4 fp16, measured on the CPU) with room to spare;
+#  - the float32 sum of K products, each exact in float32 (8- or 11-bit significands). By
+#    Higham & Mary's probabilistic analysis (SIAM J. Sci. Comput. 41(5), 2019) an element's
+#    error is within lambda * sqrt(K) * u32 * sum_k |a_ik b_kj|, u32 = 2^-24, with probability
+#    at least 1 - 2K exp(-lambda^2 / 2) each: with lambda = 8, under 0.2% that any of the 16M
+#    elements of the 4096^3 product exceeds it. make_inputs draws A ~ N(0, 1) and
+#    B ~ N(0, 1/K), so C's entries are ~N(0, 1) and sum_k |a_ik b_kj| ~ (2/pi) sqrt(K):
+#    atol = 8 (2/pi) K u32. Norm-wise the sum's error is its rms, ~sqrt(K) u32; 32 sqrt(K) u32
+#    covers even products added one at a time with truncation toward zero (a CPU emulation,
+#    worse than tensor cores: 15 sqrt(K) u32 at K = 2000).
+# A judge whose inputs are larger multiplies atol by its own scale (tests/test_matmul.py).
+# At the benchmark shapes, rtol / atol / max_rel_err (fixed before: 8e-3 / 2e-3 / 5e-3 bf16,
+# 2e-3 / 5e-4 / 1e-3 fp16):
+#   4096^3 bf16           8e-3 / 1.24e-3 / 5.12e-3
+#   128 x 8192 x 8192 bf16 8e-3 / 2.49e-3 / 5.17e-3
+#   3000 x 5000 x 2000 fp16 2e-3 / 6.07e-4 / 1.09e-3
+# Dropping even one of K's products costs ~1/sqrt(K) norm-wise (1.1e-2 at K = 8192): it fails.
+U32 = 2.0 ** -24
+RTOL = {"bfloat16": 8e-3, "float16": 2e-3}
+MAX_REL = {"bfloat16": 5e-3, "float16": 1e-3}
+
+
+def tolerance(shape, index: int, dtype: str) -> dict | None:
+    """C's tolerance at shape.dims = [M, N, K] (perfloop.hooks); None for other dtypes."""
+    if dtype not in RTOL:
+        return None
+    k = shape.dims[2]
+    return {"rtol": RTOL[dtype], "atol": 8 * (2 / math.pi) * k * U32,
+            "max_rel_err": MAX_REL[dtype] + 32 * math.sqrt(k) * U32}
 
 
 def traffic(shape) -> dict:
