@@ -25,11 +25,8 @@ from perfloop.kernel import KNOBS, knobs_text
 from perfloop.playbook import Optimization, freeze, thaw
 from perfloop.session import Session
 from perfloop.stats import Comparison
+from perfloop.vocab import Correctness, Kind, Outcome, Status, Stop, StopReason
 from perfloop.worker import CONTROL, INCUMBENT
-
-BASELINE, PLAYBOOK, AGENT = "baseline", "playbook", "agent"
-OK, FAIL, CRASH, SLOW = "ok", "fail", "crash", "slow"   # SLOW: dropped at a cliff
-SCREENED = "screened"   # correct as far as it was timed, but not among the fastest few
 
 
 @dataclass(frozen=True)
@@ -42,9 +39,9 @@ class Proposal:
 
     @property
     def name(self) -> str:
-        if self.kind == BASELINE:
+        if self.kind == Kind.BASELINE:
             return "baseline"
-        if self.kind == AGENT:
+        if self.kind == Kind.AGENT:
             return "agent-edit"
         return self.optimization.id
 
@@ -59,9 +56,9 @@ def label_for(value_index: int) -> str:
 
 
 def _row_name(record: dict) -> str:
-    if record["kind"] == BASELINE:
+    if record["kind"] == Kind.BASELINE:
         return "baseline"
-    if record["kind"] == AGENT:
+    if record["kind"] == Kind.AGENT:
         return record["describe"]
     if record["optimization"] == search.DISPATCH:
         return f"dispatch: {record['describe']}"
@@ -77,9 +74,9 @@ def _setting(knob: str, value) -> str:
 
 def _variants(s: Session, proposal: Proposal, incumbent_dir, incumbent_knobs) -> list[dict]:
     incumbent = {"label": INCUMBENT, "folder": incumbent_dir, "knobs": incumbent_knobs}
-    if proposal.kind == BASELINE:
+    if proposal.kind == Kind.BASELINE:
         return [incumbent]
-    if proposal.kind == AGENT:
+    if proposal.kind == Kind.AGENT:
         return [incumbent, {"label": label_for(0), "folder": s.spec.folder,
                             "knobs": s.spec.read_knobs()}]
     opt = proposal.optimization
@@ -104,7 +101,7 @@ def _sha256(text: str) -> str:
 
 
 def _commit_message(s: Session, proposal: Proposal, iteration: int, value) -> str:
-    if proposal.kind == AGENT:
+    if proposal.kind == Kind.AGENT:
         return f"perfloop: iteration {iteration}: agent edit: {proposal.describe}"
     opt = proposal.optimization
     if opt.id == search.DISPATCH:
@@ -141,7 +138,7 @@ def _run(s: Session, proposal: Proposal) -> dict:
     state.in_flight = {"iteration": iteration, **proposal.to_json(), "commit": None,
                        "message": None, "knobs_sha256": None, "tag": tag, "started_at": started}
     s.save_state()
-    if proposal.kind == AGENT:
+    if proposal.kind == Kind.AGENT:
         t = time.monotonic()
         _commit(s, _commit_message(s, proposal, iteration, None))
         phase_s["commit"] = phases.elapsed(t)
@@ -153,7 +150,7 @@ def _run(s: Session, proposal: Proposal) -> dict:
     contract_dir = s.export_commit(state.base_commit, work / "contract")
     incumbent_knobs = s.spec.read_knobs(incumbent_dir)
     variants = _variants(s, proposal, incumbent_dir, incumbent_knobs)
-    candidates = variants if proposal.kind == BASELINE else variants[1:]
+    candidates = variants if proposal.kind == Kind.BASELINE else variants[1:]
     proposed = list(candidates)
     values = dict(zip((v["label"] for v in proposed), proposal.values))
     shapes = s.spec.shapes + (s.spec.held_back if _is_dispatch(proposal) else ())
@@ -162,7 +159,7 @@ def _run(s: Session, proposal: Proposal) -> dict:
     control = dict(variants[0], label=CONTROL)
     screened: dict = {}
     screen_ratios: dict = {}
-    if proposal.kind == PLAYBOOK and len(candidates) > rules.search.screen_above:
+    if proposal.kind == Kind.PLAYBOOK and len(candidates) > rules.search.screen_above:
         t = time.monotonic()
         screened, screen_ratios = _screen(s, variants, contract_dir, work, env, deadline,
                                           allowed)
@@ -170,13 +167,13 @@ def _run(s: Session, proposal: Proposal) -> dict:
         candidates = [v for v in candidates if v["label"] not in screened]
         variants = [variants[0]] + candidates
     timer = phases.start_timing(  # it gets ready while the judge runs
-        [variants[0], control] + (candidates if proposal.kind != BASELINE else []),
+        [variants[0], control] + (candidates if proposal.kind != Kind.BASELINE else []),
         [sh.as_dict() for sh in shapes], rules, contract=contract_dir,
         tolerance=s.spec.tolerance, headline=s.spec.headline.name,
         ceilings_cache=s.ceilings_cache, work=work, cwd=s.root, env=env,
-        checked=[INCUMBENT] if proposal.kind == BASELINE else None) if candidates else None
+        checked=[INCUMBENT] if proposal.kind == Kind.BASELINE else None) if candidates else None
 
-    warm = [variants[0]] + (candidates if proposal.kind != BASELINE else [])
+    warm = [variants[0]] + (candidates if proposal.kind != Kind.BASELINE else [])
     warmers = phases.start_warmers(
         warm, [sh.as_dict() for sh in shapes], processes=rules.compile_processes,
         contract=contract_dir, work=work, cwd=s.root, env=env
@@ -201,15 +198,16 @@ def _run(s: Session, proposal: Proposal) -> dict:
                      "verdict does not count")
     if judged.tampered:
         for label in outcome:
-            outcome[label] = (FAIL, "kernel code replaced perfloop's judging functions in the "
-                                    f"judge ({', '.join(sorted(judged.tampered)[:3])})")
-    passing = [v for v in candidates if outcome[v["label"]][0] == OK]
+            outcome[label] = (Outcome.FAIL, "kernel code replaced perfloop's judging functions "
+                                            "in the judge "
+                                            f"({', '.join(sorted(judged.tampered)[:3])})")
+    passing = [v for v in candidates if outcome[v["label"]][0] == Outcome.OK]
 
     timing, passes, best = None, [], None
     if not passing:
         phases.abandon(timer)
     else:
-        labels = [v["label"] for v in passing] if proposal.kind != BASELINE else []
+        labels = [v["label"] for v in passing] if proposal.kind != Kind.BASELINE else []
         timing = phases.finish_timing(timer, labels, deadline=deadline,
                                       select=len(labels) > 1)
         phase_s["timing"] = round(timing.wall_s - judged.wall_s, 3)  # after the judge
@@ -221,21 +219,21 @@ def _run(s: Session, proposal: Proposal) -> dict:
         if not timing.crashed and timing.raw:  # (empty when every candidate was dropped)
             passes = [phases.summarize_pass(p, ceiling=timing.raw.get("ceilings"))
                       for p in timing.raw["passes"]]
-            best = timing.raw.get("best") if proposal.kind != BASELINE else INCUMBENT
-            if best is not None and outcome.get(best, (OK,))[0] != OK:
+            best = timing.raw.get("best") if proposal.kind != Kind.BASELINE else INCUMBENT
+            if best is not None and outcome.get(best, (Outcome.OK,))[0] != Outcome.OK:
                 best = None
 
     summary = passes[-1] if passes and best is not None else None
     chosen = next((v for v in variants if v["label"] == best), (candidates or proposed)[0])
-    value = values.get(chosen["label"]) if proposal.kind == PLAYBOOK else None
+    value = values.get(chosen["label"]) if proposal.kind == Kind.PLAYBOOK else None
     outcome.update(screened)
     verdict = _verdict(s, proposal, outcome, timing, summary, best, bool(passing),
                        incumbent_knobs)
 
     t = time.monotonic()
-    if proposal.kind == BASELINE:
+    if proposal.kind == Kind.BASELINE:
         commit = state.incumbent
-    elif proposal.kind == AGENT:
+    elif proposal.kind == Kind.AGENT:
         commit = state.in_flight["commit"]
     else:
         text = knobs_text(chosen["knobs"])
@@ -249,7 +247,8 @@ def _run(s: Session, proposal: Proposal) -> dict:
     head_name = s.spec.headline.name
     latency = summary[head_name]["variants"][best]["median_ms"] if summary else None
     knob = proposal.optimization.knob if proposal.optimization else None
-    labels = {label: thaw(x) for label, x in values.items()} if proposal.kind == PLAYBOOK else {}
+    labels = ({label: thaw(x) for label, x in values.items()}
+              if proposal.kind == Kind.PLAYBOOK else {})
     record = {
         "schema": records.SCHEMA, "iteration": iteration, "kind": proposal.kind,
         "optimization": proposal.name, "describe": proposal.describe,
@@ -298,61 +297,66 @@ def _screen(s: Session, variants: list[dict], contract_dir, work, env, deadline:
         headline=head.name, ceilings_cache=s.ceilings_cache, work=work, cwd=s.root, env=env)
     labels = [v["label"] for v in variants[1:]]
     if timing.crashed or not timing.raw:  # keep the most promising, by the proposal's order
-        return {label: (SCREENED, f"not judged: screening failed ({timing.crashed})")
+        return {label: (Outcome.SCREENED, f"not judged: screening failed ({timing.crashed})")
                 for label in labels[rules.search.screen_keep:]}, {}
-    out = {label: (OK, "") for label in labels}
-    _apply_timing(out, timing, PLAYBOOK)
+    out = {label: (Outcome.OK, "") for label in labels}
+    _apply_timing(out, timing, Kind.PLAYBOOK)
     _void_if_foreign(s, out, timing.imports, allowed, "kernel code imported {} from outside "
                      "its folder while screened, which no experiment commits")
     ratios = phases.summarize_pass(timing.raw["passes"][0])[head.name]["vs_incumbent"]
-    alive = sorted((label for label in labels if out[label][0] == OK and label in ratios),
+    alive = sorted((label for label in labels
+                    if out[label][0] == Outcome.OK and label in ratios),
                    key=lambda label: ratios[label]["ratio"])
     keep = rules.search.screen_keep
     for label in alive[keep:]:
-        out[label] = (SCREENED, f"screened out: {ratios[label]['ratio']:.3f}x the incumbent's "
-                                f"time at {head.name}, behind the {keep} fastest")
+        out[label] = (Outcome.SCREENED, f"screened out: {ratios[label]['ratio']:.3f}x the "
+                                        f"incumbent's time at {head.name}, behind the {keep} "
+                                        "fastest")
     timed = {label: ratios[label]["ratio"] for label in alive}
-    return {label: o for label, o in out.items() if o[0] != OK}, timed
+    return {label: o for label, o in out.items() if o[0] != Outcome.OK}, timed
 
 
 def _void_if_foreign(s: Session, outcome: dict, imported: set, allowed: list, why: str) -> None:
     """A verdict reached by a process that imported repository files the run did not pin
-    (besides the candidate's folder and perfloop's exports) counts for nothing: all FAIL."""
+    (besides the candidate's folder and perfloop's exports) counts for nothing: all fail."""
     foreign = audit.unpinned_imports(s.repo, s.root, sorted(imported), s.state.base_commit,
                                      allowed)
     if foreign:
         for label in outcome:
-            outcome[label] = (FAIL, why.format(gitops.listing(foreign)))
+            outcome[label] = (Outcome.FAIL, why.format(gitops.listing(foreign)))
 
 
 def _judged(label: str, judged: phases.JudgeResult) -> tuple[str, str]:
     if label in judged.crashed:
-        return CRASH, judged.crashed[label]
+        return Outcome.CRASH, judged.crashed[label]
     if not judged.passed.get(label):
         failed = [c["case"] for c in judged.cases.get(label, []) if not c["passed"]]
-        return FAIL, ("correctness failed" + (f" ({', '.join(failed[:3])})" if failed else
-                                               " (no case was reported as passed)"))
-    return OK, ""
+        return Outcome.FAIL, ("correctness failed" + (
+            f" ({', '.join(failed[:3])})" if failed else " (no case was reported as passed)"))
+    return Outcome.OK, ""
 
 
-_KINDS = {"fail": FAIL, "slow": SLOW}
+def _dropped(why: dict) -> Outcome:
+    """A candidate the timing child dropped: failed, fell off a cliff, else crashed."""
+    return Outcome(why["kind"]) if why["kind"] in (Outcome.FAIL, Outcome.SLOW) else Outcome.CRASH
 
 
 def _apply_timing(outcome: dict, timing: phases.Timing, kind: str) -> None:
     for label, why in timing.excluded.items():
-        outcome[label] = (_KINDS.get(why["kind"], CRASH), why["reason"])
+        outcome[label] = (_dropped(why), why["reason"])
     for label, why in (timing.raw.get("failed") or {}).items():
         if label in outcome:
-            outcome[label] = (_KINDS.get(why["kind"], CRASH), why["reason"])
-        elif label in (INCUMBENT, CONTROL) and kind != BASELINE:
+            outcome[label] = (_dropped(why), why["reason"])
+        elif label in (INCUMBENT, CONTROL) and kind != Kind.BASELINE:
             timing.crashed = timing.crashed or f"the incumbent, timed again: {why['reason']}"
-    if kind == BASELINE and INCUMBENT in (timing.raw.get("failed") or {}):
+    if kind == Kind.BASELINE and INCUMBENT in (timing.raw.get("failed") or {}):
         why = timing.raw["failed"][INCUMBENT]
-        outcome[INCUMBENT] = (FAIL if why["kind"] == "fail" else CRASH, why["reason"])
+        outcome[INCUMBENT] = (Outcome.FAIL if why["kind"] == Outcome.FAIL else Outcome.CRASH,
+                              why["reason"])
 
 
 def _is_dispatch(proposal: Proposal) -> bool:
-    return proposal.kind == PLAYBOOK and proposal.optimization.id == search.DISPATCH
+    return proposal.kind == Kind.PLAYBOOK and proposal.optimization.id == search.DISPATCH
 
 
 def _verdict(s: Session, proposal: Proposal, outcome: dict, timing, summary,
@@ -360,21 +364,21 @@ def _verdict(s: Session, proposal: Proposal, outcome: dict, timing, summary,
     if summary is not None:
         return _weigh(s, proposal, summary, best, incumbent_knobs)
     if timing is not None and timing.crashed:
-        return decide.Verdict(decide.CRASH, "PASS", timing.crashed)
-    failed = [(label, why) for label, (kind, why) in outcome.items() if kind == FAIL]
+        return decide.Verdict(Status.CRASH, Correctness.PASS, timing.crashed)
+    failed = [(label, why) for label, (kind, why) in outcome.items() if kind == Outcome.FAIL]
     if failed:
         reason = "; ".join(f"{label}: {why}" for label, why in failed[:3])
-        if proposal.kind == BASELINE or len(outcome) == 1:
+        if proposal.kind == Kind.BASELINE or len(outcome) == 1:
             reason = failed[0][1]
-        return decide.Verdict(decide.REVERT, "FAIL", f"{reason}: reverted at once"
-                              if proposal.kind != BASELINE else reason)
-    slow = [why for kind, why in outcome.values() if kind == SLOW]
-    if slow and all(kind in (SLOW, CRASH) for kind, _ in outcome.values()):
-        return decide.Verdict(decide.REVERT, "PASS", f"every candidate fell off a cliff or "
-                              f"crashed ({slow[0]})" if len(outcome) > 1 else slow[0])
+        return decide.Verdict(Status.REVERT, Correctness.FAIL, f"{reason}: reverted at once"
+                              if proposal.kind != Kind.BASELINE else reason)
+    slow = [why for kind, why in outcome.values() if kind == Outcome.SLOW]
+    if slow and all(kind in (Outcome.SLOW, Outcome.CRASH) for kind, _ in outcome.values()):
+        return decide.Verdict(Status.REVERT, Correctness.PASS, "every candidate fell off a "
+                              f"cliff or crashed ({slow[0]})" if len(outcome) > 1 else slow[0])
     # every candidate crashed: in the judge (correctness unknown: FAIL) or while timed (PASS)
-    crashed = [why for kind, why in outcome.values() if kind == CRASH]
-    return decide.Verdict(decide.CRASH, "PASS" if judged_ok else "FAIL",
+    crashed = [why for kind, why in outcome.values() if kind == Outcome.CRASH]
+    return decide.Verdict(Status.CRASH, Correctness.PASS if judged_ok else Correctness.FAIL,
                           crashed[0] if crashed else "nothing was timed")
 
 
@@ -391,13 +395,14 @@ def _weigh(s: Session, proposal: Proposal, summary: dict, best: str,
         head = decide.dispatch_focus(summary, changed, head, best) or ""
         unchecked = decide.ungeneralized(summary, changed)
     below = _below_floor(summary, best, rules.floor_tolerance)
-    if proposal.kind == BASELINE:
+    if proposal.kind == Kind.BASELINE:
         aa = summary[head]["vs_incumbent"][CONTROL]
         if below:
-            return decide.Verdict(decide.REVERT, "PASS", "baseline measured faster than the "
-                                  f"physical floor on {', '.join(below)}: the measurement is broken")
-        return decide.Verdict(decide.KEEP, "PASS", "baseline; the same code timed twice "
-                              f"differs by {100 * abs(aa['ratio'] - 1):.2f}% (noise "
+            return decide.Verdict(Status.REVERT, Correctness.PASS, "baseline measured faster "
+                                  f"than the physical floor on {', '.join(below)}: the "
+                                  "measurement is broken")
+        return decide.Verdict(Status.KEEP, Correctness.PASS, "baseline; the same code timed "
+                              f"twice differs by {100 * abs(aa['ratio'] - 1):.2f}% (noise "
                               f"{100 * summary[head]['noise']:.2f}%) at the headline shape")
     comparisons = {name: Comparison(**shape["vs_incumbent"][best]) for name, shape in summary.items()}
     return decide.decide(decide.Outcome(correct=True, comparisons=comparisons, headline=head,
@@ -409,9 +414,9 @@ def finish(s: Session, record: dict) -> None:
     state = s.state
     iteration = record["iteration"]
     gitops.set_ref(s.repo, record["ref"], record["commit"])
-    if record["status"] == decide.KEEP:
+    if record["status"] == Status.KEEP:
         state.incumbent = record["commit"]
-        if record["kind"] == BASELINE:
+        if record["kind"] == Kind.BASELINE:
             _classify(s, record)
     elif gitops.head(s.repo) != state.incumbent:
         gitops.move_branch_to(s.repo, state.incumbent, s.folder_rel)
@@ -423,7 +428,7 @@ def finish(s: Session, record: dict) -> None:
             record["status"]))
     crashpoint("table", iteration)
     state.in_flight = None
-    state.stopped = _stop_after(s, record)
+    state.stop = _stop_after(s, record)
     s.save_state()
 
 
@@ -433,13 +438,13 @@ def _classify(s: Session, record: dict) -> None:
 
 
 def verdicts(recs: list[dict]) -> list[decide.Verdict]:
-    return [decide.Verdict(**r["decision"]) for r in recs if r["kind"] != BASELINE]
+    return [decide.Verdict(**r["decision"]) for r in recs if r["kind"] != Kind.BASELINE]
 
 
 def floor_shares(s: Session, recs: list[dict]) -> dict[str, float] | None:
     """The incumbent's share of the physical floor per benchmark shape, from the experiment
     that made it the incumbent (None where a shape has no floor, e.g. on the CPU)."""
-    made = next((r for r in reversed(recs) if r["status"] == decide.KEEP
+    made = next((r for r in reversed(recs) if r["status"] == Status.KEEP
                  and r["commit"] == s.state.incumbent and r.get("timing")), None)
     if made is None:
         return None
@@ -451,16 +456,17 @@ def floor_shares(s: Session, recs: list[dict]) -> dict[str, float] | None:
 
 def stop_inputs(s: Session, recs: list[dict]) -> tuple:
     """The iteration, verdicts and which of them were search experiments, for stop_reason."""
-    done = [r for r in recs if r["kind"] != BASELINE]
+    done = [r for r in recs if r["kind"] != Kind.BASELINE]
     return ((recs[-1]["iteration"] if recs else 0), verdicts(recs),
             [r["optimization"] in search.IDS for r in done])
 
 
-def _stop_after(s: Session, record: dict) -> str | None:
+def _stop_after(s: Session, record: dict) -> Stop | None:
     from perfloop.suggest import catalog, searches
 
-    if record["kind"] == BASELINE and record["status"] != decide.KEEP:
-        return f"the baseline did not pass ({record['decision']['reason']}); fix the kernel first"
+    if record["kind"] == Kind.BASELINE and record["status"] != Status.KEEP:
+        return Stop(StopReason.BASELINE_FAILED, f"the baseline did not pass "
+                    f"({record['decision']['reason']}); fix the kernel first")
     recs = s.records()
     iteration_, verdicts_, searched = stop_inputs(s, recs)
     return decide.stop_reason(iteration_, verdicts_, s.playbook.rules.stop,
@@ -487,7 +493,7 @@ def recover(s: Session) -> Proposal | None:
     ours = _perfloops_commit(s, flight)
     inside = s.changes_inside_folder()
     knobs_rel = f"{s.folder_rel}/{KNOBS}"
-    if ours and inside or proposal.kind == PLAYBOOK and inside and not (
+    if ours and inside or proposal.kind == Kind.PLAYBOOK and inside and not (
             inside == [knobs_rel] and flight.get("knobs_sha256") ==
             _sha256((s.spec.folder / KNOBS).read_text(encoding="utf-8"))):
         raise UserError(f"refused: {gitops.listing(inside)} changed after perfloop was "
@@ -497,10 +503,10 @@ def recover(s: Session) -> Proposal | None:
         gitops.set_ref(s.repo, s.ref_name(flight["iteration"], "abandoned") +
                        f"-{flight.get('tag', 'x')[-8:]}", ours)
         gitops.move_branch_to(s.repo, state.incumbent, s.folder_rel)
-        if proposal.kind == AGENT:
+        if proposal.kind == Kind.AGENT:
             # the agent's edits go back to being uncommitted changes, as before the step
             s.repo.git.restore(f"--source={ours}", "--worktree", "--", s.folder_rel)
-    elif proposal.kind == PLAYBOOK and inside:
+    elif proposal.kind == Kind.PLAYBOOK and inside:
         gitops.restore_folder(s.repo, state.incumbent, s.folder_rel)  # perfloop's knobs.json
     state.in_flight = None
     s.save_state()
@@ -519,7 +525,7 @@ def _refinish(s: Session, record: dict) -> None:
                         f"(`git branch mine; git reset --keep {s.state.incumbent[:12]}`), "
                         "then resume")
     inside = s.changes_inside_folder()
-    if record["status"] != decide.KEEP and head != s.state.incumbent and inside:
+    if record["status"] != Status.KEEP and head != s.state.incumbent and inside:
         raise UserError(f"refused: {gitops.listing(inside)} changed after perfloop was "
                         f"interrupted in iteration {record['iteration']}, whose revert would "
                         "overwrite it. Commit it elsewhere or stash it, then resume")
@@ -543,10 +549,10 @@ def _perfloops_commit(s: Session, flight: dict) -> str | None:
 
 
 def _proposal_from_flight(s: Session, flight: dict) -> Proposal:
-    if flight["kind"] == PLAYBOOK:
+    if flight["kind"] == Kind.PLAYBOOK:
         values = tuple(freeze(v) for v in flight["values"])
         opt = (search.optimization(flight["optimization"], values)
                if flight["optimization"] in search.IDS else s.playbook.get(flight["optimization"]))
-        return Proposal(PLAYBOOK, opt, values, describe=flight.get("describe", ""),
+        return Proposal(Kind.PLAYBOOK, opt, values, describe=flight.get("describe", ""),
                         sampler=flight.get("sampler"))
     return Proposal(flight["kind"], describe=flight.get("describe", ""))

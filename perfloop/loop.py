@@ -13,11 +13,12 @@ from datetime import date
 from pathlib import Path
 from typing import Callable
 
-from perfloop import audit, confirm, gitops, iteration, kernel
+from perfloop import audit, confirm, decide, gitops, iteration, kernel
 from perfloop.errors import UserError
-from perfloop.iteration import AGENT, BASELINE, PLAYBOOK, Proposal
+from perfloop.iteration import Proposal
 from perfloop.session import Session, State, sha256_file
 from perfloop.suggest import suggestions
+from perfloop.vocab import Kind, Status, Stop, StopReason
 
 
 def _archive(s: Session, existing: State) -> Path:
@@ -55,7 +56,7 @@ def _require_startable(s: Session, new: bool) -> State | None:
         raise UserError(f"iteration {existing.in_flight['iteration']} of the run on branch "
                         f"{existing.branch} was interrupted; finish it with `perfloop run "
                         "--resume` first (then --new archives the run)")
-    if existing is not None and not existing.stopped and not new:
+    if existing is not None and existing.stop is None and not new:
         what = "was interrupted" if existing.interrupted or existing.in_flight else "is in progress"
         raise UserError(f"a run of '{s.spec.name}' {what} on branch {existing.branch}; continue "
                         "it with `perfloop run --resume`, or pass --new to archive it and start over")
@@ -78,8 +79,8 @@ def start(s: Session, new: bool = False) -> dict:
                   incumbent=sha, judge=s.spec.judge_rel,
                   judge_sha256=sha256_file(s.spec.judge), manifest=s.spec.manifest_text,
                   rules=s.playbook.rules_dict()))
-    record = iteration.run(s, Proposal(BASELINE))
-    if record["status"] != "keep":
+    record = iteration.run(s, Proposal(Kind.BASELINE))
+    if record["status"] != Status.KEEP:
         gitops.switch_back(s.repo, previous, branch)
         archive = _archive(s, s.state)
         record["undone"] = (f"the baseline did not pass, so the run was undone: back on "
@@ -99,9 +100,9 @@ def prepare_step(s: Session, kind: str) -> None:
     s.require_no_outside_changes()
     s.require_pinned()
     inside = s.changes_inside_folder()
-    if kind == AGENT and not inside:
+    if kind == Kind.AGENT and not inside:
         raise UserError(f"nothing to judge: no uncommitted changes inside {s.folder_rel}/")
-    if kind == PLAYBOOK and inside:
+    if kind == Kind.PLAYBOOK and inside:
         raise UserError(f"refused: uncommitted edits inside {s.folder_rel}/ "
                         f"({gitops.listing(inside)}); judge them with `perfloop step --describe`, "
                         "or commit or discard them, before a playbook step")
@@ -126,30 +127,33 @@ def next_proposal(s: Session) -> Proposal | None:
     if not ranked:
         return None
     top = ranked[0]
-    return Proposal(PLAYBOOK, top.optimization, top.candidates, describe=top.describe,
+    return Proposal(Kind.PLAYBOOK, top.optimization, top.candidates, describe=top.describe,
                     sampler=top.sampler)
 
 
-def run(s: Session, report: Callable[[dict], None], max_iterations: int | None = None) -> str:
-    """Iterate until a stop rule fires; returns the stop reason. When a rule fires, the
-    baseline and the final incumbent are timed against each other in one process."""
+def run(s: Session, report: Callable[[dict], None], max_iterations: int | None = None) -> Stop:
+    """Iterate until a stop rule fires, or `max_iterations` ran; returns why it stopped. When
+    a rule fires, the baseline and the final incumbent are timed against each other in one
+    process."""
     done = 0
     try:
-        while not s.state.stopped:
+        while s.state.stop is None:
             if max_iterations is not None and done >= max_iterations:
-                return f"stopped after {done} iterations as asked (--max-iterations)"
+                return Stop(StopReason.ITERATIONS_ASKED,
+                            f"stopped after {done} iterations as asked (--max-iterations)")
             proposal = next_proposal(s)
             if proposal is None:
-                s.state.stopped = "nothing left to try"
+                s.state.stop = decide.NOTHING_LEFT
                 s.save_state()
                 break
-            prepare_step(s, PLAYBOOK)
+            prepare_step(s, Kind.PLAYBOOK)
             report(iteration.run(s, proposal))
             done += 1
     except KeyboardInterrupt:
         iteration.recover(s)  # sets the half-done experiment aside; resume redoes it
-        s.state.interrupted = f"interrupted at {time.strftime('%H:%M:%S')}"
+        s.state.interrupted = Stop(StopReason.INTERRUPTED,
+                                   f"interrupted at {time.strftime('%H:%M:%S')}")
         s.save_state()
         raise
     confirm.ensure(s)
-    return s.state.stopped
+    return s.state.stop

@@ -14,9 +14,10 @@ from pathlib import Path
 
 from perfloop.atomic import dumps, write_text
 from perfloop.errors import CorruptRecord
+from perfloop.vocab import Kind
 
 SCHEMA = 1
-CONFIRMATION = "confirmation"
+CONFIRMATION = Kind.CONFIRMATION
 # field -> the types it may have
 EXPERIMENT_FIELDS = {
     "schema": (int,), "iteration": (int,), "kind": (str,), "optimization": (str,),

@@ -12,8 +12,7 @@ from __future__ import annotations
 from perfloop import dispatch
 from perfloop.playbook import freeze
 from perfloop.search import show_value
-
-KEEP, REVERT, CRASH = "keep", "revert", "crash"
+from perfloop.vocab import Correctness, Kind, Status
 ONE_PROCESS = "one-process confirmation"
 # bench's label of the kernel itself, and of its second timing (the A/A control)
 BENCH_SELF, BENCH_AGAIN = "cutile", "cutile-again"
@@ -48,9 +47,9 @@ def show_change(change: dict) -> str:
 
 def what(record: dict) -> str:
     """The experiment as its table row names it."""
-    if record["kind"] == "baseline":
+    if record["kind"] == Kind.BASELINE:
         return "baseline"
-    if record["kind"] == "agent":
+    if record["kind"] == Kind.AGENT:
         return f"agent edit: {record.get('describe')}"
     if record.get("describe"):
         return f"{record['optimization']}: {record['describe']}"
@@ -62,7 +61,7 @@ def journey(recs: list[dict]) -> list[dict]:
     incumbent before it) and its gain at the headline against that incumbent, in one process."""
     out, knobs = [], recs[0]["knobs"] if recs else {}
     for record in recs[1:]:
-        if record["status"] != KEEP:
+        if record["status"] != Status.KEEP:
             continue
         changes = knob_changes(knobs, record["knobs"])
         out.append({"iteration": record["iteration"], "kind": record["kind"],
@@ -70,7 +69,7 @@ def journey(recs: list[dict]) -> list[dict]:
                     "changes": [{**c, "old": _json(c["old"]), "new": _json(c["new"])}
                                 for c in changes],
                     "diff": "; ".join(map(show_change, changes)) or
-                            ("code edit (knobs unchanged)" if record["kind"] == "agent"
+                            ("code edit (knobs unchanged)" if record["kind"] == Kind.AGENT
                              else "no knob changed"),
                     "gain": record["decision"].get("gain"),
                     "latency_ms": record.get("latency_ms"), "commit": record["commit"],
@@ -87,15 +86,15 @@ def change_counts(recs: list[dict]) -> dict:
     """The experiments after the baseline by outcome: the baseline is not a kept change."""
     changes = recs[1:]
     return {"total": len(changes),
-            "kept": sum(r["status"] == KEEP for r in changes),
-            "reverted": sum(r["status"] == REVERT for r in changes),
-            "crashed": sum(r["status"] == CRASH for r in changes),
-            "correctness_failures": sum(r["correctness"] == "FAIL" for r in changes)}
+            "kept": sum(r["status"] == Status.KEEP for r in changes),
+            "reverted": sum(r["status"] == Status.REVERT for r in changes),
+            "crashed": sum(r["status"] == Status.CRASH for r in changes),
+            "correctness_failures": sum(r["correctness"] == Correctness.FAIL for r in changes)}
 
 
 def incumbent_record(recs: list[dict], commit: str) -> dict | None:
     """The timed experiment that made `commit` the incumbent."""
-    return next((r for r in reversed(recs) if r["status"] == KEEP and r["commit"] == commit
+    return next((r for r in reversed(recs) if r["status"] == Status.KEEP and r["commit"] == commit
                  and r.get("timing")), None)
 
 
@@ -175,7 +174,7 @@ def latency_points(recs: list[dict], shape: str) -> list[dict]:
         picked = (record.get("timing") or {}).get("chosen")
         outcomes = record.get("outcomes") or {}
         for label, o in outcomes.items():
-            if label == picked or record["kind"] == "baseline" or len(outcomes) == 1:
+            if label == picked or record["kind"] == Kind.BASELINE or len(outcomes) == 1:
                 continue  # (a single candidate is the experiment's own point)
             ms = (first.get("variants") or {}).get(label, {}).get("median_ms")
             point["candidates"].append({"label": label, "outcome": o["outcome"], "ms": ms})

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from perfloop import decide, profile_rank, profiling, search
 from perfloop.session import Session
+from perfloop.vocab import Kind
 
 
 def penalties(s: Session, recs: list[dict]) -> dict[str, int]:
@@ -21,7 +22,7 @@ def catalog(s: Session, recs: list[dict] | None = None) -> list[decide.Suggestio
     """The catalog's entries for this kernel, ranked by its class (or tags), and re-ranked by a
     profile of the incumbent when one is recorded (`perfloop profile`)."""
     recs = s.records() if recs is None else recs
-    tried = {r["optimization"] for r in recs if r["kind"] == "playbook"}
+    tried = {r["optimization"] for r in recs if r["kind"] == Kind.PLAYBOOK}
     knobs = s.incumbent_knobs()
     ranked = decide.rank(s.playbook.optimizations, s.state.kernel_class, knobs,
                          s.spec.candidates, tried, penalties(s, recs), s.spec.tags)

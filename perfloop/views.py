@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from perfloop import confirm
 from perfloop.session import Session
+from perfloop.vocab import Status, Stop
 
 SCHEMA = 1
 
@@ -31,7 +32,7 @@ def experiment_line(e: dict) -> str:
 
 
 def incumbent(s: Session, recs: list[dict]) -> dict:
-    kept = [r for r in recs if r["status"] == "keep"]
+    kept = [r for r in recs if r["status"] == Status.KEEP]
     last = kept[-1] if kept else None
     return {"commit": s.state.incumbent, "iteration": last["iteration"] if last else None,
             "latency_ms": last["latency_ms"] if last else None,
@@ -50,7 +51,7 @@ def speedup(s: Session, recs: list[dict]) -> dict:
                 "method": "one-process confirmation", "shapes": confirmed["shapes"]}
     value = 1.0
     for r in recs[1:]:
-        if r["status"] == "keep" and r["decision"].get("gain") is not None:
+        if r["status"] == Status.KEEP and r["decision"].get("gain") is not None:
             value /= 1.0 - r["decision"]["gain"]
     return {"speedup": value if recs else None, "ci": None,
             "method": "product of the kept experiments' in-process ratios (not confirmed)",
@@ -68,5 +69,14 @@ def status(s: Session) -> dict:
             "incumbent": inc, "baseline_latency_ms": baseline,
             "speedup_vs_baseline": speedup(s, recs)["speedup"],
             "iterations": len(recs), "experiments": [experiment(r) for r in recs],
-            "stopped": st.stopped, "interrupted": st.interrupted, "in_flight": st.in_flight,
-            "table": str(s.table_path), "record": str(s.records_path)}
+            **stop_fields(st.stop), "interrupted": line(st.interrupted),
+            "in_flight": st.in_flight, "table": str(s.table_path), "record": str(s.records_path)}
+
+
+def line(stop: Stop | None) -> str | None:
+    return stop.detail if stop else None
+
+
+def stop_fields(stop: Stop | None) -> dict:
+    """`stopped`: the stop's line (as it always was); `stopped_by`: which rule, for code."""
+    return {"stopped": line(stop), "stopped_by": stop.reason if stop else None}

@@ -7,6 +7,7 @@ from perfloop.atomic import write_bytes, write_text
 from perfloop.errors import UserError
 from perfloop.search import show_patch, show_value
 from perfloop.session import Session
+from perfloop.vocab import Correctness, Status
 
 HELP = "a reviewer's summary of the run: the kept changes, the speedup, each shape against its floor"
 DESCRIPTION = """\
@@ -85,7 +86,7 @@ def execute(args):
     df = _frame(recs)
     st = s.state
     head = s.spec.headline.name
-    kept = [r for r in recs if r["status"] == "keep"]
+    kept = [r for r in recs if r["status"] == Status.KEEP]
     final = review.incumbent_record(recs, st.incumbent) or (kept[-1] if kept else None)
     confirmation = confirm.latest(s)
     bench, bench_info, bench_problem = _bench(s, final["knobs"] if final else None)
@@ -101,7 +102,7 @@ def execute(args):
         "changes": review.change_counts(recs),              # after the baseline
         "baseline": {"status": recs[0]["status"], "latency_ms": recs[0]["latency_ms"],
                      "commit": recs[0]["commit"]},
-        "correctness_failures": int((df["correctness"] == "FAIL").sum()),
+        "correctness_failures": int((df["correctness"] == Correctness.FAIL).sum()),
         "headline": head, "shapes": shapes,
         "speedup": {**{k: v for k, v in speedup.items() if k != "shapes"},
                     "confirmed": confirmed},
@@ -112,7 +113,7 @@ def execute(args):
         "seconds_total": float(df["seconds"].sum()),
         "wall_seconds": recs[-1]["finished_at"] - recs[0]["started_at"],
         "seconds_per_phase": review.phase_seconds(recs, confirmation, profile),
-        "stopped": st.stopped, "stop_reason": st.stopped, "environment": env,
+        **views.stop_fields(st.stop), "stop_reason": views.line(st.stop), "environment": env,
         "bench": bench_info,
         "profile": _profile_summary(profile, st.incumbent),
         "notes": [p for p in (bench_problem, profile_problem) if p],
