@@ -55,14 +55,14 @@ def label_for(value_index: int) -> str:
     return f"candidate-{value_index}"
 
 
-def _row_name(record: dict) -> str:
-    if record["kind"] == Kind.BASELINE:
+def _row_name(record: records.Experiment) -> str:
+    if record.kind == Kind.BASELINE:
         return "baseline"
-    if record["kind"] == Kind.AGENT:
-        return record["describe"]
-    if record["optimization"] == search.DISPATCH:
-        return f"dispatch: {record['describe']}"
-    return f"{record['optimization']}: {_setting(record['knob'], record['value'])}"
+    if record.kind == Kind.AGENT:
+        return record.describe
+    if record.optimization == search.DISPATCH:
+        return f"dispatch: {record.describe}"
+    return f"{record.optimization}: {_setting(record.knob, record.value)}"
 
 
 def _setting(knob: str, value) -> str:
@@ -81,7 +81,7 @@ def _variants(s: Session, proposal: Proposal, incumbent_dir, incumbent_knobs) ->
                             "knobs": s.spec.read_knobs()}]
     opt = proposal.optimization
     if opt.knob == search.MULTI:  # a joint patch holds where the headline runs
-        bucket = search.headline_bucket(s.records(), s.spec.headline.name)
+        bucket = search.headline_bucket(records.plain(s.records()), s.spec.headline.name)
         return [incumbent] + [{"label": label_for(i), "folder": s.spec.folder,
                                "knobs": search.apply_joint(incumbent_knobs, v, bucket)}
                               for i, v in enumerate(proposal.values)]
@@ -119,7 +119,7 @@ def _commit(s: Session, message: str) -> str:
     return sha
 
 
-def run(s: Session, proposal: Proposal) -> dict:
+def run(s: Session, proposal: Proposal) -> records.Experiment:
     """Run one experiment to its record. The caller has checked the tree, the branch and what
     is pinned; from here on every outcome is recorded."""
     what = proposal.describe or proposal.name
@@ -127,7 +127,7 @@ def run(s: Session, proposal: Proposal) -> dict:
         return _run(s, proposal)
 
 
-def _run(s: Session, proposal: Proposal) -> dict:
+def _run(s: Session, proposal: Proposal) -> records.Experiment:
     state = s.state
     iteration = len(s.records())
     rules = s.playbook.rules
@@ -249,7 +249,7 @@ def _run(s: Session, proposal: Proposal) -> dict:
     knob = proposal.optimization.knob if proposal.optimization else None
     labels = ({label: thaw(x) for label, x in values.items()}
               if proposal.kind == Kind.PLAYBOOK else {})
-    record = {
+    line = {
         "schema": records.SCHEMA, "iteration": iteration, "kind": proposal.kind,
         "optimization": proposal.name, "describe": proposal.describe,
         "family": proposal.optimization.family if proposal.optimization else None,
@@ -272,9 +272,10 @@ def _run(s: Session, proposal: Proposal) -> dict:
         "started_at": started, "finished_at": time.time(),
     }
     if proposal.sampler:  # a joint search: what chose its configs, out of how many
-        record["sampler"] = proposal.sampler
+        line["sampler"] = proposal.sampler
     if screen_ratios:  # every candidate's ratio at the headline in the screening pass
-        record["screening"] = {"shape": head_name, "ratios": screen_ratios}
+        line["screening"] = {"shape": head_name, "ratios": screen_ratios}
+    record = records.Experiment.from_dict(line)  # (what is written is what resume reads)
     records.append(s.records_path, record)
     crashpoint("record", iteration)
     finish(s, record)
@@ -409,14 +410,14 @@ def _weigh(s: Session, proposal: Proposal, summary: dict, best: str,
                                         below_floor=below, ungeneralized=unchecked), rules)
 
 
-def finish(s: Session, record: dict) -> None:
+def finish(s: Session, record: records.Experiment) -> None:
     """Everything after the record line; idempotent, so recovery can simply call it again."""
     state = s.state
-    iteration = record["iteration"]
-    gitops.set_ref(s.repo, record["ref"], record["commit"])
-    if record["status"] == Status.KEEP:
-        state.incumbent = record["commit"]
-        if record["kind"] == Kind.BASELINE:
+    iteration = record.iteration
+    gitops.set_ref(s.repo, record.ref, record.commit)
+    if record.status == Status.KEEP:
+        state.incumbent = record.commit
+        if record.kind == Kind.BASELINE:
             _classify(s, record)
     elif gitops.head(s.repo) != state.incumbent:
         gitops.move_branch_to(s.repo, state.incumbent, s.folder_rel)
@@ -424,49 +425,48 @@ def finish(s: Session, record: dict) -> None:
     rows = table.read_rows(s.table_path)
     if len(rows) == iteration:
         table.append_row(s.table_path, table.format_row(
-            iteration, _row_name(record), record["latency_ms"], record["correctness"],
-            record["status"]))
+            iteration, _row_name(record), record.latency_ms, record.correctness, record.status))
     crashpoint("table", iteration)
     state.in_flight = None
     state.stop = _stop_after(s, record)
     s.save_state()
 
 
-def _classify(s: Session, record: dict) -> None:
-    shape = record["timing"]["shapes"][s.spec.headline.name]
+def _classify(s: Session, record: records.Experiment) -> None:
+    shape = record.timing["shapes"][s.spec.headline.name]
     s.state.kernel_class, s.state.intensity = decide.classify(shape["bytes"], shape["flops"])
 
 
-def verdicts(recs: list[dict]) -> list[decide.Verdict]:
-    return [decide.Verdict(**r["decision"]) for r in recs if r["kind"] != Kind.BASELINE]
+def verdicts(recs: list[records.Experiment]) -> list[decide.Verdict]:
+    return [decide.Verdict(**r.decision) for r in recs if r.kind != Kind.BASELINE]
 
 
-def floor_shares(s: Session, recs: list[dict]) -> dict[str, float] | None:
+def floor_shares(s: Session, recs: list[records.Experiment]) -> dict[str, float] | None:
     """The incumbent's share of the physical floor per benchmark shape, from the experiment
     that made it the incumbent (None where a shape has no floor, e.g. on the CPU)."""
-    made = next((r for r in reversed(recs) if r["status"] == Status.KEEP
-                 and r["commit"] == s.state.incumbent and r.get("timing")), None)
+    made = next((r for r in reversed(recs) if r.status == Status.KEEP
+                 and r.commit == s.state.incumbent and r.timing), None)
     if made is None:
         return None
-    label = made["timing"]["chosen"]
+    label = made.timing["chosen"]
     shares = {name: shape["variants"].get(label, {}).get("share_of_floor")
-              for name, shape in made["timing"]["shapes"].items() if not shape.get("held_back")}
+              for name, shape in made.timing["shapes"].items() if not shape.get("held_back")}
     return shares if shares and None not in shares.values() else None
 
 
-def stop_inputs(s: Session, recs: list[dict]) -> tuple:
+def stop_inputs(s: Session, recs: list[records.Experiment]) -> tuple:
     """The iteration, verdicts and which of them were search experiments, for stop_reason."""
-    done = [r for r in recs if r["kind"] != Kind.BASELINE]
-    return ((recs[-1]["iteration"] if recs else 0), verdicts(recs),
-            [r["optimization"] in search.IDS for r in done])
+    done = [r for r in recs if r.kind != Kind.BASELINE]
+    return ((recs[-1].iteration if recs else 0), verdicts(recs),
+            [r.optimization in search.IDS for r in done])
 
 
-def _stop_after(s: Session, record: dict) -> Stop | None:
+def _stop_after(s: Session, record: records.Experiment) -> Stop | None:
     from perfloop.suggest import catalog, searches
 
-    if record["kind"] == Kind.BASELINE and record["status"] != Status.KEEP:
-        return Stop(StopReason.BASELINE_FAILED, f"the baseline did not pass "
-                    f"({record['decision']['reason']}); fix the kernel first")
+    if record.kind == Kind.BASELINE and record.status != Status.KEEP:
+        return Stop(StopReason.BASELINE_FAILED,
+                    f"the baseline did not pass ({record.reason}); fix the kernel first")
     recs = s.records()
     iteration_, verdicts_, searched = stop_inputs(s, recs)
     return decide.stop_reason(iteration_, verdicts_, s.playbook.rules.stop,
@@ -485,7 +485,7 @@ def recover(s: Session) -> Proposal | None:
         if len(table.read_rows(s.table_path)) < len(recs):  # killed between record and row
             _refinish(s, recs[-1])
         return None
-    done = next((r for r in recs if r["iteration"] == flight["iteration"]), None)
+    done = next((r for r in recs if r.iteration == flight["iteration"]), None)
     if done is not None:
         _refinish(s, done)
         return None
@@ -513,21 +513,21 @@ def recover(s: Session) -> Proposal | None:
     return proposal
 
 
-def _refinish(s: Session, record: dict) -> None:
+def _refinish(s: Session, record: records.Experiment) -> None:
     """finish() for a recorded experiment, once it is sure that moving the branch back (on a
     revert) takes away only perfloop's own commit, and no edit made since the interruption."""
     head = gitops.head(s.repo)
-    if head not in (record["commit"], s.state.incumbent):
+    if head not in (record.commit, s.state.incumbent):
         _, message = gitops.parent_and_message(s.repo, head)
         raise UserError(f"refused: branch {s.state.branch} has a commit perfloop did not make "
                         f"({head[:12]}: {message.splitlines()[0][:60]}) where iteration "
-                        f"{record['iteration']} was being finished; move it to another branch "
+                        f"{record.iteration} was being finished; move it to another branch "
                         f"(`git branch mine; git reset --keep {s.state.incumbent[:12]}`), "
                         "then resume")
     inside = s.changes_inside_folder()
-    if record["status"] != Status.KEEP and head != s.state.incumbent and inside:
+    if record.status != Status.KEEP and head != s.state.incumbent and inside:
         raise UserError(f"refused: {gitops.listing(inside)} changed after perfloop was "
-                        f"interrupted in iteration {record['iteration']}, whose revert would "
+                        f"interrupted in iteration {record.iteration}, whose revert would "
                         "overwrite it. Commit it elsewhere or stash it, then resume")
     finish(s, record)
 

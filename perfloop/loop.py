@@ -13,7 +13,7 @@ from datetime import date
 from pathlib import Path
 from typing import Callable
 
-from perfloop import audit, confirm, decide, gitops, iteration, kernel
+from perfloop import audit, confirm, decide, gitops, iteration, kernel, records
 from perfloop.errors import UserError
 from perfloop.iteration import Proposal
 from perfloop.session import Session, State, sha256_file
@@ -63,9 +63,10 @@ def _require_startable(s: Session, new: bool) -> State | None:
     return existing
 
 
-def start(s: Session, new: bool = False) -> dict:
+def start(s: Session, new: bool = False) -> tuple[records.Experiment, str | None]:
     """Create the run's branch and state, and measure the baseline (iteration 0). A baseline
-    that does not pass is undone: the user is back on their branch, the attempt archived."""
+    that does not pass is undone: the user is back on their branch, the attempt archived;
+    returns the baseline's record, and what was undone (None when it passed)."""
     existing = _require_startable(s, new)
     previous = gitops.current_branch(s.repo)
     if existing is not None:
@@ -80,12 +81,12 @@ def start(s: Session, new: bool = False) -> dict:
                   judge_sha256=sha256_file(s.spec.judge), manifest=s.spec.manifest_text,
                   rules=s.playbook.rules_dict()))
     record = iteration.run(s, Proposal(Kind.BASELINE))
-    if record["status"] != Status.KEEP:
-        gitops.switch_back(s.repo, previous, branch)
-        archive = _archive(s, s.state)
-        record["undone"] = (f"the baseline did not pass, so the run was undone: back on "
-                            f"{previous}, branch {branch} deleted, the attempt's record in {archive}")
-    return record
+    if record.status == Status.KEEP:
+        return record, None
+    gitops.switch_back(s.repo, previous, branch)
+    archive = _archive(s, s.state)
+    return record, (f"the baseline did not pass, so the run was undone: back on {previous}, "
+                    f"branch {branch} deleted, the attempt's record in {archive}")
 
 
 def prepare_step(s: Session, kind: str) -> None:
@@ -108,7 +109,7 @@ def prepare_step(s: Session, kind: str) -> None:
                         "or commit or discard them, before a playbook step")
 
 
-def resume(s: Session) -> dict | None:
+def resume(s: Session) -> records.Experiment | None:
     """Make an interrupted run consistent and redo the interrupted experiment, if any."""
     s.require_on_branch()
     s.require_no_outside_changes()
@@ -131,7 +132,7 @@ def next_proposal(s: Session) -> Proposal | None:
                     sampler=top.sampler)
 
 
-def run(s: Session, report: Callable[[dict], None], max_iterations: int | None = None) -> Stop:
+def run(s: Session, report: Callable[[records.Experiment], None], max_iterations: int | None = None) -> Stop:
     """Iterate until a stop rule fires, or `max_iterations` ran; returns why it stopped. When
     a rule fires, the baseline and the final incumbent are timed against each other in one
     process."""

@@ -186,12 +186,12 @@ class Session:
     def save_state(self) -> None:
         write_json(self.state_path, self.state.to_dict())
 
-    def all_records(self) -> list[dict]:
+    def all_records(self) -> list[records.Record]:
         return records.load(self.records_path)
 
-    def records(self) -> list[dict]:
+    def records(self) -> list[records.Experiment]:
         """The experiments (one per table row), without confirmations."""
-        return [r for r in self.all_records() if r.get("kind") != records.CONFIRMATION]
+        return [r for r in self.all_records() if isinstance(r, records.Experiment)]
 
     # ---- guards ------------------------------------------------------------------------
     def ensure_sandbox_ignored(self) -> None:

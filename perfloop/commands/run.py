@@ -52,8 +52,9 @@ def execute(args):
         if not args.json:
             with progress.paused():
                 print(views.experiment_line(e), flush=True)
-        if args.profile and record["status"] == Status.KEEP and not any(p.get("gave_up") for p in profiles):
-            profiles.append(_profile(s, record["iteration"], quiet=args.json))
+        if args.profile and record.status == Status.KEEP and not any(
+                p.get("gave_up") for p in profiles):
+            profiles.append(_profile(s, record.iteration, quiet=args.json))
 
     if args.resume:
         if args.new:
@@ -61,12 +62,12 @@ def execute(args):
         s.require_run()
         redone = loop.resume(s)
     else:
-        redone = loop.start(s, new=args.new)
-        if redone.get("undone"):
+        redone, undone = loop.start(s, new=args.new)
+        if undone:
             report(redone)
-            return {"experiments_this_call": lines, "stop_reason": redone["undone"],
+            return {"experiments_this_call": lines, "stop_reason": undone,
                     "stopped_by": StopReason.BASELINE_FAILED, "status": None,
-                    "exit_code": 1, "failure": redone["undone"]}
+                    "exit_code": 1, "failure": undone}
     if redone:
         report(redone)
     stop = loop.run(s, report, args.max_iterations)
