@@ -75,12 +75,15 @@ class State:
         if stopped is not None:
             stop = Stop(StopReason(reason), stopped) if schema == STATE_SCHEMA \
                 else legacy_stop(stopped)
+            if not stop.reason.final:  # (a paused run is not stopped: resume would not go on)
+                raise ValueError(f"'stop_reason' {reason} does not end a run")
         elif reason is not None:
             raise ValueError("'stop_reason' without 'stopped'")
         else:
             stop = None
-        return cls(**raw, stop=stop, interrupted=interrupted and Stop(StopReason.INTERRUPTED,
-                                                                      interrupted))
+        if interrupted is not None:
+            interrupted = Stop(StopReason.INTERRUPTED, interrupted)
+        return cls(**raw, stop=stop, interrupted=interrupted)
 
 
 def legacy_stop(words: str) -> Stop:

@@ -100,7 +100,8 @@ def execute(args):
         confirm.ensure(s)
     st = views.status(s)
     return {"experiment": views.experiment(record), "incumbent": st["incumbent"],
-            "stopped": st["stopped"], "stopped_by": st["stopped_by"], "next": [sg.optimization.id for sg in suggestions(s)][:3]}
+            "stopped": st["stopped"], "stopped_by": st["stopped_by"],
+            "next": [sg.optimization.id for sg in suggestions(s)][:3]}
 
 
 def render(r):
