@@ -31,7 +31,7 @@ from perfloop.worker import CONTROL, INCUMBENT
 
 @dataclass(frozen=True)
 class Proposal:
-    kind: str
+    kind: Kind
     optimization: Optimization | None = None
     values: tuple = ()
     describe: str = ""
@@ -342,7 +342,7 @@ def _dropped(why: dict) -> Outcome:
     return Outcome(why["kind"]) if why["kind"] in (Outcome.FAIL, Outcome.SLOW) else Outcome.CRASH
 
 
-def _apply_timing(outcome: dict, timing: phases.Timing, kind: str) -> None:
+def _apply_timing(outcome: dict, timing: phases.Timing, kind: Kind) -> None:
     for label, why in timing.excluded.items():
         outcome[label] = (_dropped(why), why["reason"])
     for label, why in (timing.raw.get("failed") or {}).items():
@@ -555,4 +555,4 @@ def _proposal_from_flight(s: Session, flight: dict) -> Proposal:
                if flight["optimization"] in search.IDS else s.playbook.get(flight["optimization"]))
         return Proposal(Kind.PLAYBOOK, opt, values, describe=flight.get("describe", ""),
                         sampler=flight.get("sampler"))
-    return Proposal(flight["kind"], describe=flight.get("describe", ""))
+    return Proposal(Kind(flight["kind"]), describe=flight.get("describe", ""))

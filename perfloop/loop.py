@@ -89,7 +89,7 @@ def start(s: Session, new: bool = False) -> tuple[records.Experiment, str | None
                     f"branch {branch} deleted, the attempt's record in {archive}")
 
 
-def prepare_step(s: Session, kind: str) -> None:
+def prepare_step(s: Session, kind: Kind) -> None:
     """Checks before any experiment: the run exists, nothing is half done, the tree holds only
     what this step may commit, and the judge and contract are as pinned."""
     if s.state.in_flight:
@@ -132,7 +132,8 @@ def next_proposal(s: Session) -> Proposal | None:
                     sampler=top.sampler)
 
 
-def run(s: Session, report: Callable[[records.Experiment], None], max_iterations: int | None = None) -> Stop:
+def run(s: Session, report: Callable[[records.Experiment], None],
+        max_iterations: int | None = None) -> Stop:
     """Iterate until a stop rule fires, or `max_iterations` ran; returns why it stopped. When
     a rule fires, the baseline and the final incumbent are timed against each other in one
     process."""
