@@ -14,22 +14,22 @@ from perfloop.worker import INCUMBENT
 FINAL = "final"
 
 
-def latest(s: Session) -> dict | None:
+def latest(s: Session) -> records.Confirmation | None:
     """The confirmation of the current incumbent against the baseline, if there is one."""
     for record in reversed(s.all_records()):
-        if record.get("kind") == records.CONFIRMATION:
-            if record["incumbent"] == s.state.incumbent and record["baseline"] == s.state.base_commit:
+        if isinstance(record, records.Confirmation):
+            if record.incumbent == s.state.incumbent and record.baseline == s.state.base_commit:
                 return record
             return None
     return None
 
 
-def ensure(s: Session) -> dict | None:
+def ensure(s: Session) -> records.Confirmation | None:
     """Confirm the run's result once it has stopped (no-op if already confirmed)."""
     if latest(s) is not None or not s.records():
         return latest(s)
     with progress.task("confirmation", "the baseline against the final incumbent, in one process"):
-        record = measure(s)
+        record = records.Confirmation.from_dict(measure(s))
     records.append(s.records_path, record)
     return record
 
@@ -39,7 +39,7 @@ def measure(s: Session) -> dict:
     st = s.state
     started, t0 = time.time(), time.monotonic()
     record = {"schema": records.SCHEMA, "kind": records.CONFIRMATION,
-              "after_iteration": s.records()[-1]["iteration"], "baseline": st.base_commit,
+              "after_iteration": s.records()[-1].iteration, "baseline": st.base_commit,
               "incumbent": st.incumbent, "headline": s.spec.headline.name, "shapes": {},
               "started_at": started}
     if st.incumbent == st.base_commit:

@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from perfloop.playbook import Classes
+from perfloop import vocab
 from perfloop.playbook import Decision as DecisionRules
 from perfloop.playbook import Optimization, Stop
 from perfloop.stats import Comparison, compare
-
-KEEP, REVERT, CRASH = "keep", "revert", "crash"
+from perfloop.vocab import Correctness, Status, StopReason
 
 
 @dataclass(frozen=True)
@@ -31,13 +31,17 @@ class Outcome:
 
 @dataclass(frozen=True)
 class Verdict:
-    status: str             # keep | revert | crash
-    correctness: str        # PASS | FAIL | "" when never judged
+    status: Status
+    correctness: Correctness
     reason: str
     gain: float | None = None
     lower_family: bool = False
     stop: bool = False      # the rule itself says stop (an accepted gain under minor_gain)
     improved: bool = False  # counts as an improvement for the no-improvement streak
+
+    def __post_init__(self):  # a verdict read back from a record holds plain strings
+        object.__setattr__(self, "status", Status(self.status))
+        object.__setattr__(self, "correctness", Correctness(self.correctness))
 
 
 def _real_gain(c: Comparison, min_gain: float = 0.0) -> bool:
@@ -52,67 +56,75 @@ def _regression(c: Comparison, tolerance: float) -> bool:
 
 def decide(outcome: Outcome, rules: DecisionRules) -> Verdict:
     if outcome.crashed:
-        return Verdict(CRASH, "", "the experiment crashed or ran past its time limit")
+        return Verdict(Status.CRASH, Correctness.NOT_JUDGED,
+                       "the experiment crashed or ran past its time limit")
     if not outcome.correct:
-        return Verdict(REVERT, "FAIL", "correctness failed: reverted at once")
+        return Verdict(Status.REVERT, Correctness.FAIL, "correctness failed: reverted at once")
     if outcome.below_floor:
-        return Verdict(REVERT, "PASS", "faster than the physical floor on "
+        return Verdict(Status.REVERT, Correctness.PASS, "faster than the physical floor on "
                        f"{', '.join(outcome.below_floor)}: a broken measurement, not kept")
     if outcome.ungeneralized:
-        return Verdict(REVERT, "PASS", "no held-back shape was timed in bucket "
+        return Verdict(Status.REVERT, Correctness.PASS, "no held-back shape was timed in bucket "
                        f"{', '.join(outcome.ungeneralized)}: the choice there may fit only "
                        "the benchmark's shape")
     if outcome.headline not in outcome.comparisons:
-        return Verdict(REVERT, "PASS", "the change reaches none of the benchmark's shapes")
+        return Verdict(Status.REVERT, Correctness.PASS,
+                       "the change reaches none of the benchmark's shapes")
     slower = [name for name, c in outcome.comparisons.items()
               if _regression(c, rules.regression_tolerance)]
     head = outcome.comparisons[outcome.headline]
     if slower:
         worst = max(outcome.comparisons[s].ratio for s in slower)
-        return Verdict(REVERT, "PASS", f"regression on {', '.join(slower)} "
+        return Verdict(Status.REVERT, Correctness.PASS, f"regression on {', '.join(slower)} "
                        f"(up to {100 * (worst - 1):.1f}% slower)", gain=head.gain)
     if not _real_gain(head, rules.min_gain):
-        return Verdict(REVERT, "PASS", f"no improvement that the measurement can tell from "
-                       f"noise ({100 * head.gain:+.2f}%, 95% CI of ratio "
+        return Verdict(Status.REVERT, Correctness.PASS, "no improvement that the measurement "
+                       f"can tell from noise ({100 * head.gain:+.2f}%, 95% CI of ratio "
                        f"[{head.ci_low:.4f}, {head.ci_high:.4f}], noise "
                        f"{100 * head.noise:.2f}%, smallest gain counted "
                        f"{100 * rules.min_gain:.2f}%)", gain=head.gain)
     pct = f"{100 * head.gain:.2f}% faster"
     if head.gain >= rules.keep_gain:
-        return Verdict(KEEP, "PASS", f"{pct}: new incumbent", head.gain, improved=True)
+        return Verdict(Status.KEEP, Correctness.PASS, f"{pct}: new incumbent", head.gain,
+                       improved=True)
     if head.gain >= rules.minor_gain:
-        return Verdict(KEEP, "PASS", f"{pct}: kept, family priority lowered", head.gain,
-                       lower_family=True, improved=True)
-    return Verdict(KEEP, "PASS", f"{pct}: kept, gain under {100 * rules.minor_gain:g}%: stop",
-                   head.gain, stop=True, improved=True)
+        return Verdict(Status.KEEP, Correctness.PASS, f"{pct}: kept, family priority lowered",
+                       head.gain, lower_family=True, improved=True)
+    return Verdict(Status.KEEP, Correctness.PASS,
+                   f"{pct}: kept, gain under {100 * rules.minor_gain:g}%: stop", head.gain,
+                   stop=True, improved=True)
 
 
 def stop_reason(iteration: int, verdicts: list[Verdict], rules: Stop, remaining: int,
                 searched: list[bool] | None = None, searches: int = 0,
                 floor_shares: dict[str, float] | None = None,
-                spent_s: tuple[float, ...] = ()) -> str | None:
+                spent_s: tuple[float, ...] = ()) -> vocab.Stop | None:
     """Why the loop stops after `iteration` (None: go on). `verdicts` excludes the baseline;
     `searched` flags the verdicts of search experiments (dispatch, joint), which close a run:
     while `searches` of them are on offer, only the iteration limit and the roofline stop it.
     `floor_shares`: the incumbent's share of the physical floor per shape. `spent_s`: the
     wall time of each experiment so far, baseline included."""
     if iteration >= rules.max_iterations:
-        return f"reached the iteration limit ({rules.max_iterations})"
+        return vocab.Stop(StopReason.MAX_ITERATIONS,
+                          f"reached the iteration limit ({rules.max_iterations})")
     budget = rules.time_budget_s
     if budget and spent_s and sum(spent_s) + max(spent_s) > budget:
-        return (f"time budget: {sum(spent_s):.0f} s of experiments spent, and one more as long "
-                f"as the slowest ({max(spent_s):.0f} s) would pass the {budget:g} s budget")
+        return vocab.Stop(StopReason.TIME_BUDGET,
+                          f"time budget: {sum(spent_s):.0f} s of experiments spent, and one "
+                          f"more as long as the slowest ({max(spent_s):.0f} s) would pass the "
+                          f"{budget:g} s budget")
     share = rules.roofline_share
     if share and floor_shares and min(floor_shares.values()) >= share:
         worst = min(floor_shares, key=floor_shares.get)
-        return (f"at the roofline: every shape runs at {100 * share:g}% of its physical floor "
-                f"or more (least: {worst} at {100 * floor_shares[worst]:.1f}%); nothing "
-                "measurable is left")
+        return vocab.Stop(StopReason.ROOFLINE, (
+            f"at the roofline: every shape runs at {100 * share:g}% of its physical floor "
+            f"or more (least: {worst} at {100 * floor_shares[worst]:.1f}%); nothing "
+            "measurable is left"))
     searched = searched or [False] * len(verdicts)
-    reason = None
+    found = None
     stops = [i for i, v in enumerate(verdicts) if v.stop]
     if stops and all(searched[stops[-1] + 1:]):
-        reason = verdicts[stops[-1]].reason
+        found = vocab.Stop(StopReason.MINOR_GAIN, verdicts[stops[-1]].reason)
     # A search experiment re-measures values already tried, so its revert says nothing about
     # the untried ideas: only catalog experiments count towards the streak (on an H100 a
     # RMSNorm run stopped on tile, its dispatch and a joint search, before occupancy and
@@ -122,11 +134,15 @@ def stop_reason(iteration: int, verdicts: list[Verdict], rules: Stop, remaining:
         if verdict.improved:
             break
         streak += not search_
-    if reason is None and streak >= rules.no_improvement_streak:
-        reason = f"no improvement in {streak} consecutive iterations of the catalog"
-    if reason is None and remaining == 0:
-        reason = "nothing left to try"
-    return None if reason and searches else reason
+    if found is None and streak >= rules.no_improvement_streak:
+        found = vocab.Stop(StopReason.NO_IMPROVEMENT,
+                           f"no improvement in {streak} consecutive iterations of the catalog")
+    if found is None and remaining == 0:
+        found = NOTHING_LEFT
+    return None if found and searches else found
+
+
+NOTHING_LEFT = vocab.Stop(StopReason.NOTHING_LEFT, "nothing left to try")
 
 
 @dataclass(frozen=True)

@@ -26,16 +26,13 @@ from perfloop.kernel import KNOBS, knobs_text
 from perfloop.playbook import Optimization, freeze, thaw
 from perfloop.session import Session
 from perfloop.stats import Comparison
+from perfloop.vocab import Correctness, Kind, Outcome, Status, Stop, StopReason
 from perfloop.worker import CONTROL, INCUMBENT
-
-BASELINE, PLAYBOOK, AGENT = "baseline", "playbook", "agent"
-OK, FAIL, CRASH, SLOW = "ok", "fail", "crash", "slow"   # SLOW: dropped at a cliff
-SCREENED = "screened"   # correct as far as it was timed, but not among the fastest few
 
 
 @dataclass(frozen=True)
 class Proposal:
-    kind: str
+    kind: Kind
     optimization: Optimization | None = None
     values: tuple = ()
     describe: str = ""
@@ -43,9 +40,9 @@ class Proposal:
 
     @property
     def name(self) -> str:
-        if self.kind == BASELINE:
+        if self.kind == Kind.BASELINE:
             return "baseline"
-        if self.kind == AGENT:
+        if self.kind == Kind.AGENT:
             return "agent-edit"
         return self.optimization.id
 
@@ -59,14 +56,14 @@ def label_for(value_index: int) -> str:
     return f"candidate-{value_index}"
 
 
-def _row_name(record: dict) -> str:
-    if record["kind"] == BASELINE:
+def _row_name(record: records.Experiment) -> str:
+    if record.kind == Kind.BASELINE:
         return "baseline"
-    if record["kind"] == AGENT:
-        return record["describe"]
-    if record["optimization"] == search.DISPATCH:
-        return f"dispatch: {record['describe']}"
-    return f"{record['optimization']}: {_setting(record['knob'], record['value'])}"
+    if record.kind == Kind.AGENT:
+        return record.describe
+    if record.optimization == search.DISPATCH:
+        return f"dispatch: {record.describe}"
+    return f"{record.optimization}: {_setting(record.knob, record.value)}"
 
 
 def _setting(knob: str, value) -> str:
@@ -78,14 +75,14 @@ def _setting(knob: str, value) -> str:
 
 def _variants(s: Session, proposal: Proposal, incumbent_dir, incumbent_knobs) -> list[dict]:
     incumbent = {"label": INCUMBENT, "folder": incumbent_dir, "knobs": incumbent_knobs}
-    if proposal.kind == BASELINE:
+    if proposal.kind == Kind.BASELINE:
         return [incumbent]
-    if proposal.kind == AGENT:
+    if proposal.kind == Kind.AGENT:
         return [incumbent, {"label": label_for(0), "folder": s.spec.folder,
                             "knobs": s.spec.read_knobs()}]
     opt = proposal.optimization
     if opt.knob == search.MULTI:  # a joint patch holds where the headline runs
-        bucket = search.headline_bucket(s.records(), s.spec.headline.name)
+        bucket = search.headline_bucket(records.plain(s.records()), s.spec.headline.name)
         return [incumbent] + [{"label": label_for(i), "folder": s.spec.folder,
                                "knobs": search.apply_joint(incumbent_knobs, v, bucket)}
                               for i, v in enumerate(proposal.values)]
@@ -105,7 +102,7 @@ def _sha256(text: str) -> str:
 
 
 def _commit_message(s: Session, proposal: Proposal, iteration: int, value) -> str:
-    if proposal.kind == AGENT:
+    if proposal.kind == Kind.AGENT:
         return f"perfloop: iteration {iteration}: agent edit: {proposal.describe}"
     opt = proposal.optimization
     if opt.id == search.DISPATCH:
@@ -123,7 +120,7 @@ def _commit(s: Session, message: str) -> str:
     return sha
 
 
-def run(s: Session, proposal: Proposal) -> dict:
+def run(s: Session, proposal: Proposal) -> records.Experiment:
     """Run one experiment to its record. The caller has checked the tree, the branch and what
     is pinned; from here on every outcome is recorded."""
     what = proposal.describe or proposal.name
@@ -131,7 +128,7 @@ def run(s: Session, proposal: Proposal) -> dict:
         return _run(s, proposal)
 
 
-def _run(s: Session, proposal: Proposal) -> dict:
+def _run(s: Session, proposal: Proposal) -> records.Experiment:
     state = s.state
     iteration = len(s.records())
     rules = s.playbook.rules
@@ -142,7 +139,7 @@ def _run(s: Session, proposal: Proposal) -> dict:
     state.in_flight = {"iteration": iteration, **proposal.to_json(), "commit": None,
                        "message": None, "knobs_sha256": None, "tag": tag, "started_at": started}
     s.save_state()
-    if proposal.kind == AGENT:
+    if proposal.kind == Kind.AGENT:
         t = time.monotonic()
         _commit(s, _commit_message(s, proposal, iteration, None))
         phase_s["commit"] = phases.elapsed(t)
@@ -154,7 +151,7 @@ def _run(s: Session, proposal: Proposal) -> dict:
     contract_dir = s.export_commit(state.base_commit, work / "contract")
     incumbent_knobs = s.spec.read_knobs(incumbent_dir)
     variants = _variants(s, proposal, incumbent_dir, incumbent_knobs)
-    candidates = variants if proposal.kind == BASELINE else variants[1:]
+    candidates = variants if proposal.kind == Kind.BASELINE else variants[1:]
     proposed = list(candidates)
     values = dict(zip((v["label"] for v in proposed), proposal.values))
     shapes = s.spec.shapes + (s.spec.held_back if _is_dispatch(proposal) else ())
@@ -163,7 +160,7 @@ def _run(s: Session, proposal: Proposal) -> dict:
     control = dict(variants[0], label=CONTROL)
     screened: dict = {}
     screen_ratios: dict = {}
-    if proposal.kind == PLAYBOOK and len(candidates) > rules.search.screen_above:
+    if proposal.kind == Kind.PLAYBOOK and len(candidates) > rules.search.screen_above:
         t = time.monotonic()
         screened, screen_ratios = _screen(s, variants, contract_dir, work, env, deadline,
                                           allowed)
@@ -171,13 +168,13 @@ def _run(s: Session, proposal: Proposal) -> dict:
         candidates = [v for v in candidates if v["label"] not in screened]
         variants = [variants[0]] + candidates
     timer = phases.start_timing(  # it gets ready while the judge runs
-        [variants[0], control] + (candidates if proposal.kind != BASELINE else []),
+        [variants[0], control] + (candidates if proposal.kind != Kind.BASELINE else []),
         [sh.as_dict() for sh in shapes], rules, contract=contract_dir,
         tolerance=s.spec.tolerance, headline=s.spec.headline.name,
         ceilings_cache=s.ceilings_cache, work=work, cwd=s.root, env=env,
-        checked=[INCUMBENT] if proposal.kind == BASELINE else None) if candidates else None
+        checked=[INCUMBENT] if proposal.kind == Kind.BASELINE else None) if candidates else None
 
-    warm = [variants[0]] + (candidates if proposal.kind != BASELINE else [])
+    warm = [variants[0]] + (candidates if proposal.kind != Kind.BASELINE else [])
     warmers = phases.start_warmers(
         warm, [sh.as_dict() for sh in shapes], processes=rules.compile_processes,
         contract=contract_dir, work=work, cwd=s.root, env=env
@@ -203,15 +200,16 @@ def _run(s: Session, proposal: Proposal) -> dict:
                      "verdict does not count")
     if judged.tampered:
         for label in outcome:
-            outcome[label] = (FAIL, "kernel code replaced perfloop's judging functions in the "
-                                    f"judge ({', '.join(sorted(judged.tampered)[:3])})")
-    passing = [v for v in candidates if outcome[v["label"]][0] == OK]
+            outcome[label] = (Outcome.FAIL, "kernel code replaced perfloop's judging functions "
+                                            "in the judge "
+                                            f"({', '.join(sorted(judged.tampered)[:3])})")
+    passing = [v for v in candidates if outcome[v["label"]][0] == Outcome.OK]
 
     timing, passes, best = None, [], None
     if not passing:
         phases.abandon(timer)
     else:
-        labels = [v["label"] for v in passing] if proposal.kind != BASELINE else []
+        labels = [v["label"] for v in passing] if proposal.kind != Kind.BASELINE else []
         timing = phases.finish_timing(timer, labels, deadline=deadline,
                                       select=len(labels) > 1)
         phase_s["timing"] = round(timing.wall_s - judged.wall_s, 3)  # after the judge
@@ -223,21 +221,21 @@ def _run(s: Session, proposal: Proposal) -> dict:
         if not timing.crashed and timing.raw:  # (empty when every candidate was dropped)
             passes = [phases.summarize_pass(p, ceiling=timing.raw.get("ceilings"))
                       for p in timing.raw["passes"]]
-            best = timing.raw.get("best") if proposal.kind != BASELINE else INCUMBENT
-            if best is not None and outcome.get(best, (OK,))[0] != OK:
+            best = timing.raw.get("best") if proposal.kind != Kind.BASELINE else INCUMBENT
+            if best is not None and outcome.get(best, (Outcome.OK,))[0] != Outcome.OK:
                 best = None
 
     summary = passes[-1] if passes and best is not None else None
     chosen = next((v for v in variants if v["label"] == best), (candidates or proposed)[0])
-    value = values.get(chosen["label"]) if proposal.kind == PLAYBOOK else None
+    value = values.get(chosen["label"]) if proposal.kind == Kind.PLAYBOOK else None
     outcome.update(screened)
     verdict = _verdict(s, proposal, outcome, timing, summary, best, bool(passing),
                        incumbent_knobs)
 
     t = time.monotonic()
-    if proposal.kind == BASELINE:
+    if proposal.kind == Kind.BASELINE:
         commit = state.incumbent
-    elif proposal.kind == AGENT:
+    elif proposal.kind == Kind.AGENT:
         commit = state.in_flight["commit"]
     else:
         text = knobs_text(chosen["knobs"])
@@ -251,8 +249,9 @@ def _run(s: Session, proposal: Proposal) -> dict:
     head_name = s.spec.headline.name
     latency = summary[head_name]["variants"][best]["median_ms"] if summary else None
     knob = proposal.optimization.knob if proposal.optimization else None
-    labels = {label: thaw(x) for label, x in values.items()} if proposal.kind == PLAYBOOK else {}
-    record = {
+    labels = ({label: thaw(x) for label, x in values.items()}
+              if proposal.kind == Kind.PLAYBOOK else {})
+    line = {
         "schema": records.SCHEMA, "iteration": iteration, "kind": proposal.kind,
         "optimization": proposal.name, "describe": proposal.describe,
         "family": proposal.optimization.family if proposal.optimization else None,
@@ -275,9 +274,10 @@ def _run(s: Session, proposal: Proposal) -> dict:
         "started_at": started, "finished_at": time.time(),
     }
     if proposal.sampler:  # a joint search: what chose its configs, out of how many
-        record["sampler"] = proposal.sampler
+        line["sampler"] = proposal.sampler
     if screen_ratios:  # every candidate's ratio at the headline in the screening pass
-        record["screening"] = {"shape": head_name, "ratios": screen_ratios}
+        line["screening"] = {"shape": head_name, "ratios": screen_ratios}
+    record = records.Experiment.from_dict(line)  # (what is written is what resume reads)
     records.append(s.records_path, record)
     crashpoint("record", iteration)
     finish(s, record)
@@ -300,61 +300,66 @@ def _screen(s: Session, variants: list[dict], contract_dir, work, env, deadline:
         headline=head.name, ceilings_cache=s.ceilings_cache, work=work, cwd=s.root, env=env)
     labels = [v["label"] for v in variants[1:]]
     if timing.crashed or not timing.raw:  # keep the most promising, by the proposal's order
-        return {label: (SCREENED, f"not judged: screening failed ({timing.crashed})")
+        return {label: (Outcome.SCREENED, f"not judged: screening failed ({timing.crashed})")
                 for label in labels[rules.search.screen_keep:]}, {}
-    out = {label: (OK, "") for label in labels}
-    _apply_timing(out, timing, PLAYBOOK)
+    out = {label: (Outcome.OK, "") for label in labels}
+    _apply_timing(out, timing, Kind.PLAYBOOK)
     _void_if_foreign(s, out, timing.imports, allowed, "kernel code imported {} from outside "
                      "its folder while screened, which no experiment commits")
     ratios = phases.summarize_pass(timing.raw["passes"][0])[head.name]["vs_incumbent"]
-    alive = sorted((label for label in labels if out[label][0] == OK and label in ratios),
+    alive = sorted((label for label in labels
+                    if out[label][0] == Outcome.OK and label in ratios),
                    key=lambda label: ratios[label]["ratio"])
     keep = rules.search.screen_keep
     for label in alive[keep:]:
-        out[label] = (SCREENED, f"screened out: {ratios[label]['ratio']:.3f}x the incumbent's "
-                                f"time at {head.name}, behind the {keep} fastest")
+        out[label] = (Outcome.SCREENED, f"screened out: {ratios[label]['ratio']:.3f}x the "
+                                        f"incumbent's time at {head.name}, behind the {keep} "
+                                        "fastest")
     timed = {label: ratios[label]["ratio"] for label in alive}
-    return {label: o for label, o in out.items() if o[0] != OK}, timed
+    return {label: o for label, o in out.items() if o[0] != Outcome.OK}, timed
 
 
 def _void_if_foreign(s: Session, outcome: dict, imported: set, allowed: list, why: str) -> None:
     """A verdict reached by a process that imported repository files the run did not pin
-    (besides the candidate's folder and perfloop's exports) counts for nothing: all FAIL."""
+    (besides the candidate's folder and perfloop's exports) counts for nothing: all fail."""
     foreign = audit.unpinned_imports(s.repo, s.root, sorted(imported), s.state.base_commit,
                                      allowed)
     if foreign:
         for label in outcome:
-            outcome[label] = (FAIL, why.format(gitops.listing(foreign)))
+            outcome[label] = (Outcome.FAIL, why.format(gitops.listing(foreign)))
 
 
 def _judged(label: str, judged: phases.JudgeResult) -> tuple[str, str]:
     if label in judged.crashed:
-        return CRASH, judged.crashed[label]
+        return Outcome.CRASH, judged.crashed[label]
     if not judged.passed.get(label):
         failed = [c["case"] for c in judged.cases.get(label, []) if not c["passed"]]
-        return FAIL, ("correctness failed" + (f" ({', '.join(failed[:3])})" if failed else
-                                               " (no case was reported as passed)"))
-    return OK, ""
+        return Outcome.FAIL, ("correctness failed" + (
+            f" ({', '.join(failed[:3])})" if failed else " (no case was reported as passed)"))
+    return Outcome.OK, ""
 
 
-_KINDS = {"fail": FAIL, "slow": SLOW}
+def _dropped(why: dict) -> Outcome:
+    """A candidate the timing child dropped: failed, fell off a cliff, else crashed."""
+    return Outcome(why["kind"]) if why["kind"] in (Outcome.FAIL, Outcome.SLOW) else Outcome.CRASH
 
 
-def _apply_timing(outcome: dict, timing: phases.Timing, kind: str) -> None:
+def _apply_timing(outcome: dict, timing: phases.Timing, kind: Kind) -> None:
     for label, why in timing.excluded.items():
-        outcome[label] = (_KINDS.get(why["kind"], CRASH), why["reason"])
+        outcome[label] = (_dropped(why), why["reason"])
     for label, why in (timing.raw.get("failed") or {}).items():
         if label in outcome:
-            outcome[label] = (_KINDS.get(why["kind"], CRASH), why["reason"])
-        elif label in (INCUMBENT, CONTROL) and kind != BASELINE:
+            outcome[label] = (_dropped(why), why["reason"])
+        elif label in (INCUMBENT, CONTROL) and kind != Kind.BASELINE:
             timing.crashed = timing.crashed or f"the incumbent, timed again: {why['reason']}"
-    if kind == BASELINE and INCUMBENT in (timing.raw.get("failed") or {}):
+    if kind == Kind.BASELINE and INCUMBENT in (timing.raw.get("failed") or {}):
         why = timing.raw["failed"][INCUMBENT]
-        outcome[INCUMBENT] = (FAIL if why["kind"] == "fail" else CRASH, why["reason"])
+        outcome[INCUMBENT] = (Outcome.FAIL if why["kind"] == Outcome.FAIL else Outcome.CRASH,
+                              why["reason"])
 
 
 def _is_dispatch(proposal: Proposal) -> bool:
-    return proposal.kind == PLAYBOOK and proposal.optimization.id == search.DISPATCH
+    return proposal.kind == Kind.PLAYBOOK and proposal.optimization.id == search.DISPATCH
 
 
 def _verdict(s: Session, proposal: Proposal, outcome: dict, timing, summary,
@@ -362,21 +367,21 @@ def _verdict(s: Session, proposal: Proposal, outcome: dict, timing, summary,
     if summary is not None:
         return _weigh(s, proposal, summary, best, incumbent_knobs)
     if timing is not None and timing.crashed:
-        return decide.Verdict(decide.CRASH, "PASS", timing.crashed)
-    failed = [(label, why) for label, (kind, why) in outcome.items() if kind == FAIL]
+        return decide.Verdict(Status.CRASH, Correctness.PASS, timing.crashed)
+    failed = [(label, why) for label, (kind, why) in outcome.items() if kind == Outcome.FAIL]
     if failed:
         reason = "; ".join(f"{label}: {why}" for label, why in failed[:3])
-        if proposal.kind == BASELINE or len(outcome) == 1:
+        if proposal.kind == Kind.BASELINE or len(outcome) == 1:
             reason = failed[0][1]
-        return decide.Verdict(decide.REVERT, "FAIL", f"{reason}: reverted at once"
-                              if proposal.kind != BASELINE else reason)
-    slow = [why for kind, why in outcome.values() if kind == SLOW]
-    if slow and all(kind in (SLOW, CRASH) for kind, _ in outcome.values()):
-        return decide.Verdict(decide.REVERT, "PASS", f"every candidate fell off a cliff or "
-                              f"crashed ({slow[0]})" if len(outcome) > 1 else slow[0])
+        return decide.Verdict(Status.REVERT, Correctness.FAIL, f"{reason}: reverted at once"
+                              if proposal.kind != Kind.BASELINE else reason)
+    slow = [why for kind, why in outcome.values() if kind == Outcome.SLOW]
+    if slow and all(kind in (Outcome.SLOW, Outcome.CRASH) for kind, _ in outcome.values()):
+        return decide.Verdict(Status.REVERT, Correctness.PASS, "every candidate fell off a "
+                              f"cliff or crashed ({slow[0]})" if len(outcome) > 1 else slow[0])
     # every candidate crashed: in the judge (correctness unknown: FAIL) or while timed (PASS)
-    crashed = [why for kind, why in outcome.values() if kind == CRASH]
-    return decide.Verdict(decide.CRASH, "PASS" if judged_ok else "FAIL",
+    crashed = [why for kind, why in outcome.values() if kind == Outcome.CRASH]
+    return decide.Verdict(Status.CRASH, Correctness.PASS if judged_ok else Correctness.FAIL,
                           crashed[0] if crashed else "nothing was timed")
 
 
@@ -393,27 +398,28 @@ def _weigh(s: Session, proposal: Proposal, summary: dict, best: str,
         head = decide.dispatch_focus(summary, changed, head, best) or ""
         unchecked = decide.ungeneralized(summary, changed)
     below = _below_floor(summary, best, rules.floor_tolerance)
-    if proposal.kind == BASELINE:
+    if proposal.kind == Kind.BASELINE:
         aa = summary[head]["vs_incumbent"][CONTROL]
         if below:
-            return decide.Verdict(decide.REVERT, "PASS", "baseline measured faster than the "
-                                  f"physical floor on {', '.join(below)}: the measurement is broken")
-        return decide.Verdict(decide.KEEP, "PASS", "baseline; the same code timed twice "
-                              f"differs by {100 * abs(aa['ratio'] - 1):.2f}% (noise "
+            return decide.Verdict(Status.REVERT, Correctness.PASS, "baseline measured faster "
+                                  f"than the physical floor on {', '.join(below)}: the "
+                                  "measurement is broken")
+        return decide.Verdict(Status.KEEP, Correctness.PASS, "baseline; the same code timed "
+                              f"twice differs by {100 * abs(aa['ratio'] - 1):.2f}% (noise "
                               f"{100 * summary[head]['noise']:.2f}%) at the headline shape")
     comparisons = {name: Comparison(**shape["vs_incumbent"][best]) for name, shape in summary.items()}
     return decide.decide(decide.Outcome(correct=True, comparisons=comparisons, headline=head,
                                         below_floor=below, ungeneralized=unchecked), rules)
 
 
-def finish(s: Session, record: dict) -> None:
+def finish(s: Session, record: records.Experiment) -> None:
     """Everything after the record line; idempotent, so recovery can simply call it again."""
     state = s.state
-    iteration = record["iteration"]
-    gitops.set_ref(s.repo, record["ref"], record["commit"])
-    if record["status"] == decide.KEEP:
-        state.incumbent = record["commit"]
-        if record["kind"] == BASELINE:
+    iteration = record.iteration
+    gitops.set_ref(s.repo, record.ref, record.commit)
+    if record.status == Status.KEEP:
+        state.incumbent = record.commit
+        if record.kind == Kind.BASELINE:
             _classify(s, record)
     elif gitops.head(s.repo) != state.incumbent:
         gitops.move_branch_to(s.repo, state.incumbent, s.folder_rel)
@@ -421,61 +427,60 @@ def finish(s: Session, record: dict) -> None:
     rows = table.read_rows(s.table_path)
     if len(rows) == iteration:
         table.append_row(s.table_path, table.format_row(
-            iteration, _row_name(record), record["latency_ms"], record["correctness"],
-            record["status"]))
+            iteration, _row_name(record), record.latency_ms, record.correctness, record.status))
     crashpoint("table", iteration)
     state.in_flight = None
-    state.stopped = _stop_after(s, record)
+    state.stop = _stop_after(s, record)
     s.save_state()
 
 
-def _classify(s: Session, record: dict) -> None:
+def _classify(s: Session, record: records.Experiment) -> None:
     """The class from the headline's work, against the ridge points of the device that timed
     the baseline (fixed bounds where it has none: a CPU clock)."""
-    shape = record["timing"]["shapes"][s.spec.headline.name]
+    shape = record.timing["shapes"][s.spec.headline.name]
     done = traffic.from_record(shape)
-    peaks, bandwidth = ceilings.roofline(record["timing"].get("ceilings"), done.flops)
+    peaks, bandwidth = ceilings.roofline(record.timing.get("ceilings"), done.flops)
     found = decide.classify(done.bytes, done.flops, peaks, bandwidth, s.playbook.rules.classes)
     s.state.kernel_class, s.state.intensity, s.state.class_basis = found
 
 
-def verdicts(recs: list[dict]) -> list[decide.Verdict]:
-    return [decide.Verdict(**r["decision"]) for r in recs if r["kind"] != BASELINE]
+def verdicts(recs: list[records.Experiment]) -> list[decide.Verdict]:
+    return [decide.Verdict(**r.decision) for r in recs if r.kind != Kind.BASELINE]
 
 
-def floor_shares(s: Session, recs: list[dict]) -> dict[str, float] | None:
+def floor_shares(s: Session, recs: list[records.Experiment]) -> dict[str, float] | None:
     """The incumbent's share of the physical floor per benchmark shape, from the experiment
     that made it the incumbent (None where a shape has no floor, e.g. on the CPU)."""
-    made = next((r for r in reversed(recs) if r["status"] == decide.KEEP
-                 and r["commit"] == s.state.incumbent and r.get("timing")), None)
+    made = next((r for r in reversed(recs) if r.status == Status.KEEP
+                 and r.commit == s.state.incumbent and r.timing), None)
     if made is None:
         return None
-    label = made["timing"]["chosen"]
+    label = made.timing["chosen"]
     shares = {name: shape["variants"].get(label, {}).get("share_of_floor")
-              for name, shape in made["timing"]["shapes"].items() if not shape.get("held_back")}
+              for name, shape in made.timing["shapes"].items() if not shape.get("held_back")}
     return shares if shares and None not in shares.values() else None
 
 
-def stop_inputs(s: Session, recs: list[dict]) -> tuple:
+def stop_inputs(s: Session, recs: list[records.Experiment]) -> tuple:
     """The iteration, verdicts and which of them were search experiments, for stop_reason."""
-    done = [r for r in recs if r["kind"] != BASELINE]
-    return ((recs[-1]["iteration"] if recs else 0), verdicts(recs),
-            [r["optimization"] in search.IDS for r in done])
+    done = [r for r in recs if r.kind != Kind.BASELINE]
+    return ((recs[-1].iteration if recs else 0), verdicts(recs),
+            [r.optimization in search.IDS for r in done])
 
 
-def _stop_after(s: Session, record: dict) -> str | None:
+def _stop_after(s: Session, record: records.Experiment) -> Stop | None:
     from perfloop.suggest import catalog, searches
 
-    if record["kind"] == BASELINE and record["status"] != decide.KEEP:
-        return f"the baseline did not pass ({record['decision']['reason']}); fix the kernel first"
+    if record.kind == Kind.BASELINE and record.status != Status.KEEP:
+        return Stop(StopReason.BASELINE_FAILED,
+                    f"the baseline did not pass ({record.reason}); fix the kernel first")
     recs = s.records()
     iteration_, verdicts_, searched = stop_inputs(s, recs)
     return decide.stop_reason(iteration_, verdicts_, s.playbook.rules.stop,
                               len(catalog(s, recs)) if verdicts_ else 1, searched=searched,
                               searches=len(searches(s, recs)),
                               floor_shares=floor_shares(s, recs),
-                              spent_s=tuple(r["finished_at"] - r["started_at"] for r in recs
-                                            if r.get("kind") != records.CONFIRMATION))
+                              spent_s=tuple(r.finished_at - r.started_at for r in recs))
 
 
 def recover(s: Session) -> Proposal | None:
@@ -488,7 +493,7 @@ def recover(s: Session) -> Proposal | None:
         if len(table.read_rows(s.table_path)) < len(recs):  # killed between record and row
             _refinish(s, recs[-1])
         return None
-    done = next((r for r in recs if r["iteration"] == flight["iteration"]), None)
+    done = next((r for r in recs if r.iteration == flight["iteration"]), None)
     if done is not None:
         _refinish(s, done)
         return None
@@ -496,7 +501,7 @@ def recover(s: Session) -> Proposal | None:
     ours = _perfloops_commit(s, flight)
     inside = s.changes_inside_folder()
     knobs_rel = f"{s.folder_rel}/{KNOBS}"
-    if ours and inside or proposal.kind == PLAYBOOK and inside and not (
+    if ours and inside or proposal.kind == Kind.PLAYBOOK and inside and not (
             inside == [knobs_rel] and flight.get("knobs_sha256") ==
             _sha256((s.spec.folder / KNOBS).read_text(encoding="utf-8"))):
         raise UserError(f"refused: {gitops.listing(inside)} changed after perfloop was "
@@ -506,31 +511,31 @@ def recover(s: Session) -> Proposal | None:
         gitops.set_ref(s.repo, s.ref_name(flight["iteration"], "abandoned") +
                        f"-{flight.get('tag', 'x')[-8:]}", ours)
         gitops.move_branch_to(s.repo, state.incumbent, s.folder_rel)
-        if proposal.kind == AGENT:
+        if proposal.kind == Kind.AGENT:
             # the agent's edits go back to being uncommitted changes, as before the step
             s.repo.git.restore(f"--source={ours}", "--worktree", "--", s.folder_rel)
-    elif proposal.kind == PLAYBOOK and inside:
+    elif proposal.kind == Kind.PLAYBOOK and inside:
         gitops.restore_folder(s.repo, state.incumbent, s.folder_rel)  # perfloop's knobs.json
     state.in_flight = None
     s.save_state()
     return proposal
 
 
-def _refinish(s: Session, record: dict) -> None:
+def _refinish(s: Session, record: records.Experiment) -> None:
     """finish() for a recorded experiment, once it is sure that moving the branch back (on a
     revert) takes away only perfloop's own commit, and no edit made since the interruption."""
     head = gitops.head(s.repo)
-    if head not in (record["commit"], s.state.incumbent):
+    if head not in (record.commit, s.state.incumbent):
         _, message = gitops.parent_and_message(s.repo, head)
         raise UserError(f"refused: branch {s.state.branch} has a commit perfloop did not make "
                         f"({head[:12]}: {message.splitlines()[0][:60]}) where iteration "
-                        f"{record['iteration']} was being finished; move it to another branch "
+                        f"{record.iteration} was being finished; move it to another branch "
                         f"(`git branch mine; git reset --keep {s.state.incumbent[:12]}`), "
                         "then resume")
     inside = s.changes_inside_folder()
-    if record["status"] != decide.KEEP and head != s.state.incumbent and inside:
+    if record.status != Status.KEEP and head != s.state.incumbent and inside:
         raise UserError(f"refused: {gitops.listing(inside)} changed after perfloop was "
-                        f"interrupted in iteration {record['iteration']}, whose revert would "
+                        f"interrupted in iteration {record.iteration}, whose revert would "
                         "overwrite it. Commit it elsewhere or stash it, then resume")
     finish(s, record)
 
@@ -552,10 +557,10 @@ def _perfloops_commit(s: Session, flight: dict) -> str | None:
 
 
 def _proposal_from_flight(s: Session, flight: dict) -> Proposal:
-    if flight["kind"] == PLAYBOOK:
+    if flight["kind"] == Kind.PLAYBOOK:
         values = tuple(freeze(v) for v in flight["values"])
         opt = (search.optimization(flight["optimization"], values)
                if flight["optimization"] in search.IDS else s.playbook.get(flight["optimization"]))
-        return Proposal(PLAYBOOK, opt, values, describe=flight.get("describe", ""),
+        return Proposal(Kind.PLAYBOOK, opt, values, describe=flight.get("describe", ""),
                         sampler=flight.get("sampler"))
-    return Proposal(flight["kind"], describe=flight.get("describe", ""))
+    return Proposal(Kind(flight["kind"]), describe=flight.get("describe", ""))

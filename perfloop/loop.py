@@ -13,11 +13,12 @@ from datetime import date
 from pathlib import Path
 from typing import Callable
 
-from perfloop import audit, confirm, gitops, iteration, kernel, traffic
+from perfloop import audit, confirm, decide, gitops, iteration, kernel, records, traffic
 from perfloop.errors import UserError
-from perfloop.iteration import AGENT, BASELINE, PLAYBOOK, Proposal
+from perfloop.iteration import Proposal
 from perfloop.session import Session, State, sha256_file
 from perfloop.suggest import suggestions
+from perfloop.vocab import Kind, Status, Stop, StopReason
 
 
 def _archive(s: Session, existing: State) -> Path:
@@ -55,16 +56,17 @@ def _require_startable(s: Session, new: bool) -> State | None:
         raise UserError(f"iteration {existing.in_flight['iteration']} of the run on branch "
                         f"{existing.branch} was interrupted; finish it with `perfloop run "
                         "--resume` first (then --new archives the run)")
-    if existing is not None and not existing.stopped and not new:
+    if existing is not None and existing.stop is None and not new:
         what = "was interrupted" if existing.interrupted or existing.in_flight else "is in progress"
         raise UserError(f"a run of '{s.spec.name}' {what} on branch {existing.branch}; continue "
                         "it with `perfloop run --resume`, or pass --new to archive it and start over")
     return existing
 
 
-def start(s: Session, new: bool = False) -> dict:
+def start(s: Session, new: bool = False) -> tuple[records.Experiment, str | None]:
     """Create the run's branch and state, and measure the baseline (iteration 0). A baseline
-    that does not pass is undone: the user is back on their branch, the attempt archived."""
+    that does not pass is undone: the user is back on their branch, the attempt archived;
+    returns the baseline's record, and what was undone (None when it passed)."""
     existing = _require_startable(s, new)
     # the benchmark's traffic() is read by the timing process; a wrong one is refused here,
     # in one line, before a branch or a record is written
@@ -81,16 +83,16 @@ def start(s: Session, new: bool = False) -> dict:
                   incumbent=sha, judge=s.spec.judge_rel,
                   judge_sha256=sha256_file(s.spec.judge), manifest=s.spec.manifest_text,
                   rules=s.playbook.rules_dict()))
-    record = iteration.run(s, Proposal(BASELINE))
-    if record["status"] != "keep":
-        gitops.switch_back(s.repo, previous, branch)
-        archive = _archive(s, s.state)
-        record["undone"] = (f"the baseline did not pass, so the run was undone: back on "
-                            f"{previous}, branch {branch} deleted, the attempt's record in {archive}")
-    return record
+    record = iteration.run(s, Proposal(Kind.BASELINE))
+    if record.status == Status.KEEP:
+        return record, None
+    gitops.switch_back(s.repo, previous, branch)
+    archive = _archive(s, s.state)
+    return record, (f"the baseline did not pass, so the run was undone: back on {previous}, "
+                    f"branch {branch} deleted, the attempt's record in {archive}")
 
 
-def prepare_step(s: Session, kind: str) -> None:
+def prepare_step(s: Session, kind: Kind) -> None:
     """Checks before any experiment: the run exists, nothing is half done, the tree holds only
     what this step may commit, and the judge and contract are as pinned."""
     if s.state.in_flight:
@@ -102,15 +104,15 @@ def prepare_step(s: Session, kind: str) -> None:
     s.require_no_outside_changes()
     s.require_pinned()
     inside = s.changes_inside_folder()
-    if kind == AGENT and not inside:
+    if kind == Kind.AGENT and not inside:
         raise UserError(f"nothing to judge: no uncommitted changes inside {s.folder_rel}/")
-    if kind == PLAYBOOK and inside:
+    if kind == Kind.PLAYBOOK and inside:
         raise UserError(f"refused: uncommitted edits inside {s.folder_rel}/ "
                         f"({gitops.listing(inside)}); judge them with `perfloop step --describe`, "
                         "or commit or discard them, before a playbook step")
 
 
-def resume(s: Session) -> dict | None:
+def resume(s: Session) -> records.Experiment | None:
     """Make an interrupted run consistent and redo the interrupted experiment, if any."""
     s.require_on_branch()
     s.require_no_outside_changes()
@@ -129,30 +131,34 @@ def next_proposal(s: Session) -> Proposal | None:
     if not ranked:
         return None
     top = ranked[0]
-    return Proposal(PLAYBOOK, top.optimization, top.candidates, describe=top.describe,
+    return Proposal(Kind.PLAYBOOK, top.optimization, top.candidates, describe=top.describe,
                     sampler=top.sampler)
 
 
-def run(s: Session, report: Callable[[dict], None], max_iterations: int | None = None) -> str:
-    """Iterate until a stop rule fires; returns the stop reason. When a rule fires, the
-    baseline and the final incumbent are timed against each other in one process."""
+def run(s: Session, report: Callable[[records.Experiment], None],
+        max_iterations: int | None = None) -> Stop:
+    """Iterate until a stop rule fires, or `max_iterations` ran; returns why it stopped. When
+    a rule fires, the baseline and the final incumbent are timed against each other in one
+    process."""
     done = 0
     try:
-        while not s.state.stopped:
+        while s.state.stop is None:
             if max_iterations is not None and done >= max_iterations:
-                return f"stopped after {done} iterations as asked (--max-iterations)"
+                return Stop(StopReason.ITERATIONS_ASKED,
+                            f"stopped after {done} iterations as asked (--max-iterations)")
             proposal = next_proposal(s)
             if proposal is None:
-                s.state.stopped = "nothing left to try"
+                s.state.stop = decide.NOTHING_LEFT
                 s.save_state()
                 break
-            prepare_step(s, PLAYBOOK)
+            prepare_step(s, Kind.PLAYBOOK)
             report(iteration.run(s, proposal))
             done += 1
     except KeyboardInterrupt:
         iteration.recover(s)  # sets the half-done experiment aside; resume redoes it
-        s.state.interrupted = f"interrupted at {time.strftime('%H:%M:%S')}"
+        s.state.interrupted = Stop(StopReason.INTERRUPTED,
+                                   f"interrupted at {time.strftime('%H:%M:%S')}")
         s.save_state()
         raise
     confirm.ensure(s)
-    return s.state.stopped
+    return s.state.stop

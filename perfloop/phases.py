@@ -24,6 +24,7 @@ from pathlib import Path
 from perfloop import child, progress, stats
 from perfloop.atomic import write_json
 from perfloop.playbook import Rules, thaw
+from perfloop.vocab import Outcome
 from perfloop.worker import CONTROL, INCUMBENT
 
 PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)
@@ -345,12 +346,12 @@ def _finish(pending: Pending, out: Timing, running, tag: str, remaining: list, g
         last = _last_progress(written) or {}
         culprit = last.get("label")
         reason = last.get("reason") or f"timing worker {res.describe()} (log: {res.log})"
-        kind = "fail" if last.get("stage") == "tampered" else "crash"
+        kind = Outcome.FAIL if last.get("stage") == "tampered" else Outcome.CRASH
         if culprit in (None, INCUMBENT, CONTROL) or res.timed_out and not res.stalled:
             out.crashed = f"{culprit}: {reason}" if culprit else reason
             break
         if culprit in go["labels"]:  # (else it died while built, and had failed the judge)
-            out.excluded[culprit] = {"reason": f"its code {reason}" if kind == "fail"
+            out.excluded[culprit] = {"reason": f"its code {reason}" if kind == Outcome.FAIL
                                      else reason, "kind": kind}
         remaining = [v for v in remaining if v["label"] != culprit]
         if len(remaining) <= 2:  # only the incumbent and its control are left

@@ -6,21 +6,23 @@ from __future__ import annotations
 import io
 
 from perfloop.errors import UserError
+from perfloop.vocab import Correctness, Outcome, Status
 
+FAILED = "fail"   # an experiment reverted for correctness: drawn apart from other reverts
 # experiment outcome -> (marker, colour, filled, legend label)
 EXPERIMENT_STYLE = {
-    "keep": ("o", "#2a9d45", True, "kept"),
-    "revert": ("o", "#e07b00", False, "reverted"),
-    "fail": ("X", "#b5179e", True, "correctness FAIL (reverted)"),
-    "crash": ("X", "#c1121f", True, "crashed"),
+    Status.KEEP: ("o", "#2a9d45", True, "kept"),
+    Status.REVERT: ("o", "#e07b00", False, "reverted"),
+    FAILED: ("X", "#b5179e", True, "correctness FAIL (reverted)"),
+    Status.CRASH: ("X", "#c1121f", True, "crashed"),
 }
 # a candidate that lost inside an experiment: timed (ok), or why it was not
 CANDIDATE_STYLE = {
-    "ok": (".", "#9a9a9a", "other candidate, timed"),
-    "fail": ("x", "#b5179e", "candidate failed"),
-    "crash": ("x", "#c1121f", "candidate crashed"),
-    "slow": ("^", "#8d5524", "candidate dropped: cliff (slow)"),
-    "screened": ("v", "#6c757d", "candidate screened out"),
+    Outcome.OK: (".", "#9a9a9a", "other candidate, timed"),
+    Outcome.FAIL: ("x", "#b5179e", "candidate failed"),
+    Outcome.CRASH: ("x", "#c1121f", "candidate crashed"),
+    Outcome.SLOW: ("^", "#8d5524", "candidate dropped: cliff (slow)"),
+    Outcome.SCREENED: ("v", "#6c757d", "candidate screened out"),
 }
 
 
@@ -44,10 +46,10 @@ def png(fig) -> bytes:
 
 
 def _kind(point: dict) -> str:
-    if point["status"] == "crash":
-        return "crash"
-    if point["correctness"] == "FAIL":
-        return "fail"
+    if point["status"] == Status.CRASH:
+        return Status.CRASH
+    if point["correctness"] == Correctness.FAIL:
+        return FAILED
     return point["status"]
 
 
@@ -63,7 +65,7 @@ def latency(panels: dict[str, list[dict]], floors: dict, compiled: dict, headlin
         points = panels[name]
         level, steps = None, []
         for p in points:
-            if p["status"] == "keep" and p["ms"] is not None:
+            if p["status"] == Status.KEEP and p["ms"] is not None:
                 level = p["ms"]
             steps.append((p["iteration"], level))
         xs = [x for x, y in steps if y is not None]
@@ -81,8 +83,8 @@ def latency(panels: dict[str, list[dict]], floors: dict, compiled: dict, headlin
                                         color=colour if filled else "none", edgecolors=colour,
                                         linewidths=1.5, label=label)
             for c in p["candidates"]:
-                cm, cc, clabel = CANDIDATE_STYLE.get(c["outcome"], CANDIDATE_STYLE["crash"])
-                if c["ms"] is not None and c["outcome"] == "ok":
+                cm, cc, clabel = CANDIDATE_STYLE.get(c["outcome"], CANDIDATE_STYLE[Outcome.CRASH])
+                if c["ms"] is not None and c["outcome"] == Outcome.OK:
                     handles[clabel] = ax.scatter([p["iteration"]], [c["ms"]], marker=cm, s=30,
                                                  color=cc, zorder=2, label=clabel)
                 else:  # not timed: a mark along the top of the panel

@@ -14,6 +14,7 @@ from perfloop import child, ncu, phases, profile_rank
 from perfloop.atomic import write_json
 from perfloop.errors import NeedsGPU
 from perfloop.session import Session, require_gpu
+from perfloop.vocab import Status
 
 PROFILE = "profile.json"
 SCHEMA = 1
@@ -94,10 +95,10 @@ def profile(s: Session, *, kernel_name: str | None = None, launch_skip: int = 0,
     if main is None:
         why = (ncu.errors(text) or [f"ncu {res.describe()}"])[0]
         raise Failed(f"ncu profiled no kernel ({why[:200]}); its log: {res.log}")
-    made = next((r for r in reversed(s.records()) if r["commit"] == st.incumbent
-                 and r["status"] == "keep"), None)
+    made = next((r for r in reversed(s.records()) if r.commit == st.incumbent
+                 and r.status == Status.KEEP), None)
     record = {"schema": SCHEMA, "kernel": s.spec.name, "commit": st.incumbent,
-              "iteration": made["iteration"] if made else None, "knobs": knobs,
+              "iteration": made.iteration if made else None, "knobs": knobs,
               "shape": head.as_dict(),
               "ncu": {"path": path, "version": ncu.version(path)}, "command": cmd,
               "requested": requested, "unavailable": unavailable, "kernels": kernels,

@@ -1,4 +1,4 @@
-"""What a reviewer reads about a run, as pure functions over the record's plain dicts: the
+"""What a reviewer reads about a run, as pure functions over the typed record: the
 journey of kept changes with their knob diffs, per-shape times against the physical floor and
 the last bench's competitors, and the latency of every experiment for the plots.
 
@@ -10,10 +10,10 @@ which kind it is.
 from __future__ import annotations
 
 from perfloop import dispatch
+from perfloop.records import Confirmation, Experiment
 from perfloop.playbook import freeze
 from perfloop.search import show_value
-
-KEEP, REVERT, CRASH = "keep", "revert", "crash"
+from perfloop.vocab import Correctness, Kind, Status
 ONE_PROCESS = "one-process confirmation"
 # bench's label of the kernel itself, and of its second timing (the A/A control)
 BENCH_SELF, BENCH_AGAIN = "cutile", "cutile-again"
@@ -46,36 +46,35 @@ def show_change(change: dict) -> str:
             f"{show_value(change['new'])}")
 
 
-def what(record: dict) -> str:
+def what(record: Experiment) -> str:
     """The experiment as its table row names it."""
-    if record["kind"] == "baseline":
+    if record.kind == Kind.BASELINE:
         return "baseline"
-    if record["kind"] == "agent":
-        return f"agent edit: {record.get('describe')}"
-    if record.get("describe"):
-        return f"{record['optimization']}: {record['describe']}"
-    return record["optimization"]
+    if record.kind == Kind.AGENT:
+        return f"agent edit: {record.describe}"
+    if record.describe:
+        return f"{record.optimization}: {record.describe}"
+    return record.optimization
 
 
-def journey(recs: list[dict]) -> list[dict]:
+def journey(recs: list[Experiment]) -> list[dict]:
     """Each kept change after the baseline, in order, with the knobs it moved (from the
     incumbent before it) and its gain at the headline against that incumbent, in one process."""
-    out, knobs = [], recs[0]["knobs"] if recs else {}
+    out, knobs = [], recs[0].knobs if recs else {}
     for record in recs[1:]:
-        if record["status"] != KEEP:
+        if record.status != Status.KEEP:
             continue
-        changes = knob_changes(knobs, record["knobs"])
-        out.append({"iteration": record["iteration"], "kind": record["kind"],
-                    "optimization": record["optimization"], "what": what(record),
+        changes = knob_changes(knobs, record.knobs)
+        out.append({"iteration": record.iteration, "kind": record.kind,
+                    "optimization": record.optimization, "what": what(record),
                     "changes": [{**c, "old": _json(c["old"]), "new": _json(c["new"])}
                                 for c in changes],
                     "diff": "; ".join(map(show_change, changes)) or
-                            ("code edit (knobs unchanged)" if record["kind"] == "agent"
+                            ("code edit (knobs unchanged)" if record.kind == Kind.AGENT
                              else "no knob changed"),
-                    "gain": record["decision"].get("gain"),
-                    "latency_ms": record.get("latency_ms"), "commit": record["commit"],
-                    "reason": record["decision"]["reason"]})
-        knobs = record["knobs"]
+                    "gain": record.gain, "latency_ms": record.latency_ms,
+                    "commit": record.commit, "reason": record.reason})
+        knobs = record.knobs
     return out
 
 
@@ -83,26 +82,26 @@ def _json(value):
     return [_json(v) for v in value] if isinstance(value, tuple) else value
 
 
-def change_counts(recs: list[dict]) -> dict:
+def change_counts(recs: list[Experiment]) -> dict:
     """The experiments after the baseline by outcome: the baseline is not a kept change."""
     changes = recs[1:]
     return {"total": len(changes),
-            "kept": sum(r["status"] == KEEP for r in changes),
-            "reverted": sum(r["status"] == REVERT for r in changes),
-            "crashed": sum(r["status"] == CRASH for r in changes),
-            "correctness_failures": sum(r["correctness"] == "FAIL" for r in changes)}
+            "kept": sum(r.status == Status.KEEP for r in changes),
+            "reverted": sum(r.status == Status.REVERT for r in changes),
+            "crashed": sum(r.status == Status.CRASH for r in changes),
+            "correctness_failures": sum(r.correctness == Correctness.FAIL for r in changes)}
 
 
-def incumbent_record(recs: list[dict], commit: str) -> dict | None:
+def incumbent_record(recs: list[Experiment], commit: str) -> Experiment | None:
     """The timed experiment that made `commit` the incumbent."""
-    return next((r for r in reversed(recs) if r["status"] == KEEP and r["commit"] == commit
-                 and r.get("timing")), None)
+    return next((r for r in reversed(recs)
+                 if r.status == Status.KEEP and r.commit == commit and r.timing), None)
 
 
-def timed(record: dict | None, shape: str, label: str | None = None) -> dict | None:
+def timed(record: Experiment | None, shape: str, label: str | None = None) -> dict | None:
     """The variant's statistics at `shape` in the record's deciding pass (default: the chosen
     variant), with the shape's floor."""
-    timing = (record or {}).get("timing") or {}
+    timing = (record.timing if record else None) or {}
     entry = (timing.get("shapes") or {}).get(shape)
     label = label or timing.get("chosen")
     if entry is None or label not in entry["variants"]:
@@ -130,13 +129,13 @@ def bench_self(bench: dict | None, shape: str) -> float | None:
                  if row["shape"] == shape and row["variant"] == BENCH_SELF), None)
 
 
-def shapes(recs: list[dict], names: list[str], incumbent: str, confirmation: dict | None,
-           bench: dict | None, headline: str) -> list[dict]:
+def shapes(recs: list[Experiment], names: list[str], incumbent: str,
+           confirmation: Confirmation | None, bench: dict | None, headline: str) -> list[dict]:
     """Per benchmark shape (`names`, in the kernel's order): the baseline's and the incumbent's
     medians (each from its own experiment, so from different processes), their shares of the
     physical floor, the one-process speedup when confirmed, and the last bench's competitors."""
     best = incumbent_record(recs, incumbent)
-    confirmed = (confirmation or {}).get("shapes") or {}
+    confirmed = confirmation.shapes if confirmation else {}
     rivals = competitors(bench)
     out = []
     for name in names:
@@ -146,7 +145,7 @@ def shapes(recs: list[dict], names: list[str], incumbent: str, confirmation: dic
             "shape": name, "headline": name == headline,
             "baseline_ms": base and base["median_ms"],
             "incumbent_ms": inc and inc["median_ms"],
-            "incumbent_iteration": best["iteration"] if best else None,
+            "incumbent_iteration": best.iteration if best else None,
             "floor_ms": (inc or base or {}).get("floor_ms"),
             "baseline_share_of_floor": base and base.get("share_of_floor"),
             "incumbent_share_of_floor": inc and inc.get("share_of_floor"),
@@ -158,7 +157,7 @@ def shapes(recs: list[dict], names: list[str], incumbent: str, confirmation: dic
     return out
 
 
-def latency_points(recs: list[dict], shape: str) -> list[dict]:
+def latency_points(recs: list[Experiment], shape: str) -> list[dict]:
     """Every experiment at `shape`, for the latency plot: {iteration, ms, status, correctness,
     incumbent_ms}: the chosen variant's median (None when nothing was timed) and the
     incumbent's in the same pass; then each other candidate's median from the first pass
@@ -167,15 +166,16 @@ def latency_points(recs: list[dict], shape: str) -> list[dict]:
     for record in recs:
         chosen = timed(record, shape)
         inc = timed(record, shape, "incumbent")
-        point = {"iteration": record["iteration"], "status": record["status"],
-                 "correctness": record["correctness"], "ms": chosen and chosen["median_ms"],
+        point = {"iteration": record.iteration, "status": record.status,
+                 "correctness": record.correctness, "ms": chosen and chosen["median_ms"],
                  "incumbent_ms": inc and inc["median_ms"], "candidates": []}
-        first = ((record.get("timing") or {}).get("selection") or {}).get(shape) \
-            or ((record.get("timing") or {}).get("shapes") or {}).get(shape) or {}
-        picked = (record.get("timing") or {}).get("chosen")
-        outcomes = record.get("outcomes") or {}
+        timing = record.timing or {}
+        first = (timing.get("selection") or {}).get(shape) \
+            or (timing.get("shapes") or {}).get(shape) or {}
+        picked = timing.get("chosen")
+        outcomes = record.outcomes or {}
         for label, o in outcomes.items():
-            if label == picked or record["kind"] == "baseline" or len(outcomes) == 1:
+            if label == picked or record.kind == Kind.BASELINE or len(outcomes) == 1:
                 continue  # (a single candidate is the experiment's own point)
             ms = (first.get("variants") or {}).get(label, {}).get("median_ms")
             point["candidates"].append({"label": label, "outcome": o["outcome"], "ms": ms})
@@ -183,15 +183,16 @@ def latency_points(recs: list[dict], shape: str) -> list[dict]:
     return out
 
 
-def phase_seconds(recs: list[dict], confirmation: dict | None, profile: dict | None) -> dict:
+def phase_seconds(recs: list[Experiment], confirmation: Confirmation | None,
+                  profile: dict | None) -> dict:
     """Seconds per phase over the run, the confirmation and the last profile included."""
     out: dict[str, float] = {}
     for record in recs:
-        for phase, seconds in record["phases_s"].items():
+        for phase, seconds in record.phases_s.items():
             if phase != "total" and seconds is not None:
                 out[phase] = out.get(phase, 0.0) + seconds
-    if confirmation and confirmation.get("wall_s") is not None:
-        out["confirmation"] = confirmation["wall_s"]
+    if confirmation and confirmation.wall_s is not None:
+        out["confirmation"] = confirmation.wall_s
     if profile and profile.get("wall_s") is not None:
         out["profile"] = profile["wall_s"]
     return {k: round(v, 3) for k, v in out.items()}

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from perfloop import decide, dispatch
 from perfloop.playbook import CLASSES, Optimization, freeze, thaw
+from perfloop.vocab import Correctness, Kind, Outcome, Status
 
 DISPATCH, JOINT = "dispatch", "joint"
 MULTI = "*"        # the knob of an optimization whose values are {knob: value} patches
@@ -45,8 +46,10 @@ def first_pass(record: dict) -> dict | None:
 
 
 def _single_knob(record: dict) -> bool:
-    return (record["kind"] == "playbook" and record.get("knob") not in (None, dispatch.KEY, MULTI)
-            and record.get("timing") is not None and record.get("correctness") == "PASS")
+    return (record["kind"] == Kind.PLAYBOOK
+            and record.get("knob") not in (None, dispatch.KEY, MULTI)
+            and record.get("timing") is not None
+            and record.get("correctness") == Correctness.PASS)
 
 
 def _dispatchable(record: dict) -> bool:
@@ -65,7 +68,7 @@ def dispatch_changes(recs: list[dict], incumbent: str, knobs: dict,
     if not recs or not _dispatchable(recs[-1]):
         return None
     record = recs[-1]
-    kept = record["status"] == decide.KEEP
+    kept = record["status"] == Status.KEEP
     if (record["commit"] if kept else record["incumbent_before"]) != incumbent:
         return None
     in_force = record["timing"]["chosen"] if kept else INCUMBENT
@@ -135,9 +138,9 @@ def _cliffs(recs: list[dict]) -> dict[str, list]:
     with num_ctas 2)."""
     out: dict[str, list] = {}
     for record in recs:
-        if record["kind"] == "playbook" and record.get("knob") not in (None, dispatch.KEY, MULTI):
+        if record["kind"] == Kind.PLAYBOOK and record.get("knob") not in (None, dispatch.KEY, MULTI):
             out[record["knob"]] = [freeze(o["value"]) for o in (record.get("outcomes") or {}).values()
-                                   if o.get("outcome") == "slow"]
+                                   if o.get("outcome") == Outcome.SLOW]
     return out
 
 
@@ -309,7 +312,7 @@ def measured_configs(recs: list[dict], knobs: dict, headline: str) -> list[tuple
     for record in recs:
         base = incumbent if incumbent is not None else knobs
         knob = record.get("knob")
-        if record["kind"] == "playbook" and knob not in (None, dispatch.KEY):
+        if record["kind"] == Kind.PLAYBOOK and knob not in (None, dispatch.KEY):
             shape = ((first_pass(record) or {}).get(headline) or {}).get("vs_incumbent", {})
             patches = {label: (o.get("value") if "value" in o else None)
                        for label, o in (record.get("outcomes") or {}).items()}
@@ -326,7 +329,7 @@ def measured_configs(recs: list[dict], knobs: dict, headline: str) -> list[tuple
                            else {**base, knob: freeze(value)})
                 ratio = shape.get(label, {}).get("ratio", screened.get(label))
                 out.append((dispatch.knobs_for(applied, bucket), ratio))
-        if record.get("status") == decide.KEEP and isinstance(record.get("knobs"), dict):
+        if record.get("status") == Status.KEEP and isinstance(record.get("knobs"), dict):
             incumbent = record["knobs"]
     return out
 
@@ -375,8 +378,8 @@ def joint_tried_since_keep(recs: list[dict]) -> bool:
     again, told everything measured so far."""
     for record in reversed(recs):
         if record["optimization"] == JOINT:
-            return not (record["status"] == decide.KEEP
+            return not (record["status"] == Status.KEEP
                         and (record.get("sampler") or {}).get("name") == TPE)
-        if record["status"] == decide.KEEP:
+        if record["status"] == Status.KEEP:
             return False
     return False

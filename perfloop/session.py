@@ -13,8 +13,19 @@ from pathlib import Path
 from perfloop import audit, gitops, kernel, playbook, records, table
 from perfloop.atomic import write_json
 from perfloop.errors import NeedsGPU, UserError
+from perfloop.vocab import Stop, StopReason
 
-STATE_SCHEMA = 2
+STATE_SCHEMA = 3
+# Schema 2 kept a stop as its words alone; it loads unchanged, each stop's reason read from the
+# words that rule wrote then (the only place a stop's words are matched).
+LEGACY_SCHEMA = 2
+LEGACY_STOP_WORDS = (
+    (StopReason.MAX_ITERATIONS, "reached the iteration limit ("),
+    (StopReason.ROOFLINE, "at the roofline: "),
+    (StopReason.NO_IMPROVEMENT, "no improvement in "),
+    (StopReason.NOTHING_LEFT, "nothing left to try"),
+    (StopReason.BASELINE_FAILED, "the baseline did not pass ("),
+)
 
 
 @dataclass
@@ -31,11 +42,58 @@ class State:
     kernel_class: str = ""
     intensity: float | None = None
     class_basis: str = ""     # how the class was read: against the device's ridge, or fixed bounds
-    stopped: str | None = None       # why the run finished (a stop rule), or None
-    interrupted: str | None = None   # set by Ctrl-C; `run --resume` goes on
+    stop: Stop | None = None          # why the run finished (a stop rule), or None
+    interrupted: Stop | None = None   # set by Ctrl-C; `run --resume` goes on
     in_flight: dict | None = None
     started_at: float = field(default_factory=time.time)
     schema: int = STATE_SCHEMA
+
+    def to_dict(self) -> dict:
+        """state.json's object: a stop as its line (`stopped`, as always) and its reason."""
+        out = asdict(self)
+        del out["stop"]
+        out.update(stopped=self.stop and self.stop.detail,
+                   stop_reason=self.stop and self.stop.reason,
+                   interrupted=self.interrupted and self.interrupted.detail,
+                   schema=STATE_SCHEMA)
+        return out
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> State:
+        """The state from state.json's object (this schema or the last); raises TypeError or
+        ValueError naming what is wrong."""
+        if not isinstance(raw, dict):
+            raise ValueError("not a JSON object")
+        raw = dict(raw)
+        schema = raw.pop("schema", None)
+        if schema not in (STATE_SCHEMA, LEGACY_SCHEMA):
+            raise ValueError(f"schema {schema}, expected {STATE_SCHEMA}")
+        stopped, interrupted = raw.pop("stopped", None), raw.pop("interrupted", None)
+        reason = raw.pop("stop_reason", None) if schema == STATE_SCHEMA else None
+        for name, text in (("stopped", stopped), ("interrupted", interrupted)):
+            if text is not None and not isinstance(text, str):
+                raise ValueError(f"'{name}' is not a string")
+        if stopped is not None:
+            stop = Stop(StopReason(reason), stopped) if schema == STATE_SCHEMA \
+                else legacy_stop(stopped)
+            if not stop.reason.final:  # (a paused run is not stopped: resume would not go on)
+                raise ValueError(f"'stop_reason' {reason} does not end a run")
+        elif reason is not None:
+            raise ValueError("'stop_reason' without 'stopped'")
+        else:
+            stop = None
+        if interrupted is not None:
+            interrupted = Stop(StopReason.INTERRUPTED, interrupted)
+        return cls(**raw, stop=stop, interrupted=interrupted)
+
+
+def legacy_stop(words: str) -> Stop:
+    """A schema-2 stop: the reason whose words it begins with; a minor gain's stop was the
+    verdict's reason, which ends ": stop"."""
+    reason = next((r for r, start in LEGACY_STOP_WORDS if words.startswith(start)), None)
+    if reason is None:
+        reason = StopReason.MINOR_GAIN if words.endswith(": stop") else StopReason.UNRECOGNISED
+    return Stop(reason, words)
 
 
 def require_gpu() -> None:
@@ -104,10 +162,7 @@ class Session:
         if not self.state_path.exists():
             return None
         try:
-            raw = json.loads(self.state_path.read_text())
-            if raw.get("schema") != STATE_SCHEMA:
-                raise ValueError(f"schema {raw.get('schema')}, expected {STATE_SCHEMA}")
-            state = State(**raw)
+            state = State.from_dict(json.loads(self.state_path.read_text()))
             for name in ("kernel", "folder", "branch", "base_commit", "incumbent", "manifest",
                          "judge", "judge_sha256"):
                 if not isinstance(getattr(state, name), str) or not getattr(state, name):
@@ -133,14 +188,14 @@ class Session:
                             "by hand: restore it, or move the run aside with --new")
 
     def save_state(self) -> None:
-        write_json(self.state_path, asdict(self.state))
+        write_json(self.state_path, self.state.to_dict())
 
-    def all_records(self) -> list[dict]:
+    def all_records(self) -> list[records.Record]:
         return records.load(self.records_path)
 
-    def records(self) -> list[dict]:
+    def records(self) -> list[records.Experiment]:
         """The experiments (one per table row), without confirmations."""
-        return [r for r in self.all_records() if r.get("kind") != records.CONFIRMATION]
+        return [r for r in self.all_records() if isinstance(r, records.Experiment)]
 
     # ---- guards ------------------------------------------------------------------------
     def ensure_sandbox_ignored(self) -> None:

@@ -4,24 +4,26 @@ search, which goes first once a stop rule would otherwise end the run."""
 
 from __future__ import annotations
 
-from perfloop import decide, profile_rank, profiling, search
+from perfloop import decide, profile_rank, profiling, records, search
 from perfloop.session import Session
+from perfloop.vocab import Kind
 
 
-def penalties(s: Session, recs: list[dict]) -> dict[str, int]:
+def penalties(s: Session, recs: list[records.Experiment]) -> dict[str, int]:
     out: dict[str, int] = {}
     for record in recs:
-        if record.get("decision", {}).get("lower_family") and record.get("family"):
-            out[record["family"]] = out.get(record["family"], 0) + \
+        if record.decision.get("lower_family") and record.family:
+            out[record.family] = out.get(record.family, 0) + \
                 s.playbook.rules.decision.family_penalty
     return out
 
 
-def catalog(s: Session, recs: list[dict] | None = None) -> list[decide.Suggestion]:
+def catalog(s: Session, recs: list[records.Experiment] | None = None
+            ) -> list[decide.Suggestion]:
     """The catalog's entries for this kernel, ranked by its class (or tags), and re-ranked by a
     profile of the incumbent when one is recorded (`perfloop profile`)."""
     recs = s.records() if recs is None else recs
-    tried = {r["optimization"] for r in recs if r["kind"] == "playbook"}
+    tried = {r.optimization for r in recs if r.kind == Kind.PLAYBOOK}
     knobs = s.incumbent_knobs()
     ranked = decide.rank(s.playbook.optimizations, s.state.kernel_class, knobs,
                          s.spec.candidates, tried, penalties(s, recs), s.spec.tags)
@@ -33,9 +35,10 @@ def catalog(s: Session, recs: list[dict] | None = None) -> list[decide.Suggestio
                                source=f"the profile of {profile['commit'][:12]}")
 
 
-def searches(s: Session, recs: list[dict] | None = None) -> list[decide.Suggestion]:
+def searches(s: Session, recs: list[records.Experiment] | None = None
+             ) -> list[decide.Suggestion]:
     """The dispatch and joint experiments the record supports now."""
-    recs = s.records() if recs is None else recs
+    recs = records.plain(s.records() if recs is None else recs)  # (search reads plain lines)
     knobs = s.incumbent_knobs()
     out = []
     found = s.playbook.rules.search.dispatch and search.dispatch_changes(

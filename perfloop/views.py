@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-from perfloop import confirm
+from perfloop import confirm, records
 from perfloop.session import Session
+from perfloop.vocab import Status, Stop
 
 SCHEMA = 1
 
 
-def experiment(record: dict) -> dict:
-    decision = record["decision"]
-    return {"iteration": record["iteration"], "kind": record["kind"],
-            "optimization": record["optimization"], "knob": record.get("knob"),
-            "value": record.get("value"), "describe": record.get("describe") or None,
-            "status": record["status"], "correctness": record["correctness"],
-            "latency_ms": record.get("latency_ms"), "gain": decision.get("gain"),
-            "reason": decision["reason"], "commit": record["commit"], "ref": record["ref"]}
+def experiment(record: records.Experiment) -> dict:
+    return {"iteration": record.iteration, "kind": record.kind,
+            "optimization": record.optimization, "knob": record.knob,
+            "value": record.value, "describe": record.describe or None,
+            "status": record.status, "correctness": record.correctness,
+            "latency_ms": record.latency_ms, "gain": record.gain,
+            "reason": record.reason, "commit": record.commit, "ref": record.ref}
 
 
 def experiment_line(e: dict) -> str:
@@ -30,28 +30,28 @@ def experiment_line(e: dict) -> str:
             f"{e['status']:<6} {e['reason']}")
 
 
-def incumbent(s: Session, recs: list[dict]) -> dict:
-    kept = [r for r in recs if r["status"] == "keep"]
+def incumbent(s: Session, recs: list[records.Experiment]) -> dict:
+    kept = [r for r in recs if r.status == Status.KEEP]
     last = kept[-1] if kept else None
-    return {"commit": s.state.incumbent, "iteration": last["iteration"] if last else None,
-            "latency_ms": last["latency_ms"] if last else None,
-            "knobs": last["knobs"] if last else None}
+    return {"commit": s.state.incumbent, "iteration": last.iteration if last else None,
+            "latency_ms": last.latency_ms if last else None,
+            "knobs": last.knobs if last else None}
 
 
-def speedup(s: Session, recs: list[dict]) -> dict:
+def speedup(s: Session, recs: list[records.Experiment]) -> dict:
     """The headline speedup of the incumbent over the baseline: the one-process confirmation
     when the run has one for this incumbent, else the product of the kept experiments' ratios
     (each measured in one process against its own incumbent)."""
     head = s.spec.headline.name
     confirmed = confirm.latest(s)
-    if confirmed and head in confirmed["shapes"]:
-        shape = confirmed["shapes"][head]
+    if confirmed and head in confirmed.shapes:
+        shape = confirmed.shapes[head]
         return {"speedup": shape["speedup"], "ci": shape.get("speedup_ci"),
-                "method": "one-process confirmation", "shapes": confirmed["shapes"]}
+                "method": "one-process confirmation", "shapes": confirmed.shapes}
     value = 1.0
     for r in recs[1:]:
-        if r["status"] == "keep" and r["decision"].get("gain") is not None:
-            value /= 1.0 - r["decision"]["gain"]
+        if r.status == Status.KEEP and r.gain is not None:
+            value /= 1.0 - r.gain
     return {"speedup": value if recs else None, "ci": None,
             "method": "product of the kept experiments' in-process ratios (not confirmed)",
             "shapes": None}
@@ -60,7 +60,7 @@ def speedup(s: Session, recs: list[dict]) -> dict:
 def status(s: Session) -> dict:
     recs = s.records()
     st = s.state
-    baseline = recs[0]["latency_ms"] if recs else None
+    baseline = recs[0].latency_ms if recs else None
     inc = incumbent(s, recs)
     return {"kernel": st.kernel, "run_id": st.branch, "branch": st.branch,
             "kernel_class": st.kernel_class or None,
@@ -69,5 +69,14 @@ def status(s: Session) -> dict:
             "incumbent": inc, "baseline_latency_ms": baseline,
             "speedup_vs_baseline": speedup(s, recs)["speedup"],
             "iterations": len(recs), "experiments": [experiment(r) for r in recs],
-            "stopped": st.stopped, "interrupted": st.interrupted, "in_flight": st.in_flight,
-            "table": str(s.table_path), "record": str(s.records_path)}
+            **stop_fields(st.stop), "interrupted": line(st.interrupted),
+            "in_flight": st.in_flight, "table": str(s.table_path), "record": str(s.records_path)}
+
+
+def line(stop: Stop | None) -> str | None:
+    return stop.detail if stop else None
+
+
+def stop_fields(stop: Stop | None) -> dict:
+    """`stopped`: the stop's line (as it always was); `stopped_by`: which rule, for code."""
+    return {"stopped": line(stop), "stopped_by": stop.reason if stop else None}

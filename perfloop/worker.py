@@ -36,6 +36,7 @@ from perfloop.errors import UserError
 from perfloop.judging import imported_files
 from perfloop.kernel import Shape, import_module
 from perfloop.playbook import Measure, freeze
+from perfloop.vocab import Outcome
 
 INCUMBENT, CONTROL = "incumbent", "incumbent-again"
 
@@ -180,7 +181,7 @@ class Worker:
         return {"torch.cuda.Event": torch.cuda.Event, "torch.cuda.synchronize": torch.cuda.synchronize,
                 "torch.cuda._sleep": torch.cuda._sleep, "torch.sum": torch.sum}
 
-    def _fail(self, label: str, reason: str, kind: str = "fail") -> None:
+    def _fail(self, label: str, reason: str, kind: Outcome = Outcome.FAIL) -> None:
         self.failed.setdefault(label, {"reason": reason, "kind": kind})
 
     def _check_tamper(self, label: str) -> None:
@@ -208,7 +209,7 @@ class Worker:
                         modules[key] = import_module(Path(v["folder"]), f"variant{len(modules)}")
                     launch[label] = modules[key].build({k: freeze(x) for k, x in v["knobs"].items()})
             except Exception as exc:
-                self._fail(label, f"could not be built: {_one_line(exc)}", "crash")
+                self._fail(label, f"could not be built: {_one_line(exc)}", Outcome.CRASH)
             self._check_tamper(label)
         return launch
 
@@ -279,11 +280,11 @@ class Worker:
             except VariantFailed as exc:
                 if exc.label in (INCUMBENT, CONTROL):
                     raise
-                self._fail(exc.label, exc.reason, "crash")
+                self._fail(exc.label, exc.reason, Outcome.CRASH)
         self._check_tamper(self.progress_label)
         for label, ratio in rounds.cliffs.items():
             self._fail(label, f"at {shape.name} its warm-up ran {ratio:.1f}x slower than the "
-                              "incumbent's: dropped as a cliff, not timed further", "slow")
+                              "incumbent's: dropped as a cliff, not timed further", Outcome.SLOW)
         for label, checked in rounds.checked.items():
             if not checked.passed:
                 first = checked.failures[0]

@@ -2,14 +2,15 @@
 
 from conftest import git
 
-STEP_KEYS = {"schema", "command", "ok", "experiment", "incumbent", "stopped", "next"}
+STEP_KEYS = {"schema", "command", "ok", "experiment", "incumbent", "stopped", "stopped_by",
+             "next"}
 EXPERIMENT_KEYS = {"iteration", "kind", "optimization", "knob", "value", "describe", "status",
                    "correctness", "latency_ms", "gain", "reason", "commit", "ref"}
 SUGGESTION_KEYS = {"id", "title", "family", "knob", "candidates", "rank", "reason"}
 STATUS_KEYS = {"schema", "command", "ok", "kernel", "run_id", "branch", "kernel_class",
-               "intensity_flop_per_byte", "class_basis", "base_commit", "incumbent", "baseline_latency_ms",
-               "speedup_vs_baseline", "iterations", "experiments", "stopped", "interrupted",
-               "in_flight",
+               "intensity_flop_per_byte", "class_basis", "base_commit", "incumbent",
+               "baseline_latency_ms", "speedup_vs_baseline", "iterations", "experiments",
+               "stopped", "stopped_by", "interrupted", "in_flight",
                "table", "record"}
 
 

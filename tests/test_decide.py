@@ -8,6 +8,7 @@ from perfloop import decide
 from perfloop.decide import Outcome
 from perfloop.playbook import SHIPPED, load
 from perfloop.stats import Comparison
+from perfloop.vocab import StopReason
 
 RULES = load(SHIPPED).rules
 
@@ -88,17 +89,21 @@ def test_no_improvement_two_iterations_in_a_row_stops():
     none = verdict(Outcome(correct=False))
     stop = RULES.stop
     assert decide.stop_reason(2, [kept, none], stop, remaining=5) is None
-    assert "2 consecutive" in decide.stop_reason(3, [kept, none, none], stop, remaining=5)
+    streak = decide.stop_reason(3, [kept, none, none], stop, remaining=5)
+    assert streak.reason is StopReason.NO_IMPROVEMENT and "2 consecutive" in streak.detail
     assert decide.stop_reason(4, [none, none, kept], stop, remaining=5) is None
 
 
 def test_other_stop_rules():
     kept = verdict(outcome(faster(0.06)))
     small = verdict(outcome(faster(0.01)))
-    assert "under 2%" in decide.stop_reason(1, [small], RULES.stop, remaining=5)
-    assert "limit (25)" in decide.stop_reason(25, [kept], RULES.stop, remaining=5)
+    minor = decide.stop_reason(1, [small], RULES.stop, remaining=5)
+    assert minor.reason is StopReason.MINOR_GAIN and "under 2%" in minor.detail
+    limit = decide.stop_reason(25, [kept], RULES.stop, remaining=5)
+    assert limit.reason is StopReason.MAX_ITERATIONS and "limit (25)" in limit.detail
     assert decide.stop_reason(24, [kept], RULES.stop, remaining=5) is None
-    assert decide.stop_reason(3, [kept], RULES.stop, remaining=0) == "nothing left to try"
+    left = decide.stop_reason(3, [kept], RULES.stop, remaining=0)
+    assert left.reason is StopReason.NOTHING_LEFT and left.detail == "nothing left to try"
 
 
 def test_changed_thresholds_change_the_decision():

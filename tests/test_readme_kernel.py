@@ -28,8 +28,8 @@ EXPERIMENT_FIELDS = {"iteration", "kind", "optimization", "knob", "value", "desc
                      "correctness", "latency_ms", "gain", "reason", "commit", "ref"}
 STATUS_FIELDS = {"kernel", "run_id", "branch", "kernel_class", "intensity_flop_per_byte",
                  "base_commit", "incumbent", "baseline_latency_ms", "speedup_vs_baseline",
-                 "iterations", "experiments", "stopped", "interrupted", "in_flight", "table",
-                 "record"}
+                 "iterations", "experiments", "stopped", "stopped_by", "interrupted", "in_flight",
+                 "table", "record"}
 INCUMBENT_FIELDS = {"commit", "iteration", "latency_ms", "knobs"}
 SUGGESTION_FIELDS = {"id", "title", "family", "knob", "candidates", "rank", "reason"}
 

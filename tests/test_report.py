@@ -13,7 +13,7 @@ from html.parser import HTMLParser
 import pytest
 from conftest import Scratch, git, pythonpath
 
-from perfloop import review
+from perfloop import records, review
 from perfloop.search import show_value
 
 # fast math: 20% everywhere; tile 1x2048 wins on the "big" bucket only (a dispatch keeps it
@@ -103,9 +103,17 @@ def test_knob_changes_name_each_knob_and_each_dispatched_bucket():
     assert review.knob_changes(two, two) == []
 
 
+def _experiment(iteration: int, status: str, correctness: str) -> records.Experiment:
+    return records.Experiment.from_dict(
+        {"schema": 1, "iteration": iteration, "kind": "playbook", "optimization": "o",
+         "status": status, "correctness": correctness, "commit": "c", "ref": "r",
+         "decision": {"reason": "why"}, "knobs": {}, "phases_s": {}, "latency_ms": None,
+         "started_at": 0.0, "finished_at": 1.0})
+
+
 def test_counts_of_changes_leave_the_baseline_out():
-    recs = [{"status": "keep", "correctness": "PASS"}, {"status": "keep", "correctness": "PASS"},
-            {"status": "revert", "correctness": "FAIL"}, {"status": "crash", "correctness": "PASS"}]
+    recs = [_experiment(i, status, correctness) for i, (status, correctness) in enumerate(
+        [("keep", "PASS"), ("keep", "PASS"), ("revert", "FAIL"), ("crash", "PASS")])]
     assert review.change_counts(recs) == {"total": 3, "kept": 1, "reverted": 1, "crashed": 1,
                                           "correctness_failures": 1}
 
@@ -321,7 +329,7 @@ def test_without_matplotlib_the_html_report_says_how_to_get_it(finished, tmp_pat
 
 def test_latency_points_mark_each_outcome(finished):
     recs = finished.records()
-    points = review.latency_points(recs, "head")
+    points = review.latency_points([records.from_dict(r) for r in recs], "head")
     assert [p["iteration"] for p in points] == [r["iteration"] for r in recs]
     by = {r["optimization"]: p for r, p in zip(recs, points)}
     assert by["inject_wrong"]["correctness"] == "FAIL" and by["inject_wrong"]["ms"] is None

@@ -8,9 +8,10 @@ import json
 
 import pytest
 
-from perfloop import decide, dispatch, measure, search
+from perfloop import decide, dispatch, measure, search, vocab
 from perfloop.playbook import Decision, Measure, Stop
 from perfloop.stats import Comparison
+from perfloop.vocab import Status, StopReason
 
 RULES = Decision(keep_gain=0.05, minor_gain=0.02, regression_tolerance=0.01, family_penalty=10,
                  floor_tolerance=0.1, min_gain=0.005)
@@ -76,7 +77,7 @@ def test_a_dispatch_is_decided_where_it_changed_and_only_if_a_held_back_shape_wa
     outcome = decide.Outcome(correct=True, headline="guard", ungeneralized=("small",),
                              comparisons={"guard": Comparison(0.8, 0.79, 0.81)})
     verdict = decide.decide(outcome, RULES)
-    assert verdict.status == decide.REVERT and "held-back" in verdict.reason
+    assert verdict.status is Status.REVERT and "held-back" in verdict.reason
 
 
 def _joint_kept(first: dict) -> list[dict]:
@@ -294,14 +295,14 @@ REVERT = decide.Verdict("revert", "PASS", "no improvement")
 def test_searches_on_offer_hold_off_every_stop_but_the_limit_and_the_roofline():
     assert decide.stop_reason(3, [KEEP, REVERT, REVERT], STOP, 5) is not None
     assert decide.stop_reason(3, [KEEP, REVERT, REVERT], STOP, 5, searches=1) is None
-    assert decide.stop_reason(25, [KEEP], STOP, 5, searches=1).startswith("reached")
+    assert decide.stop_reason(25, [KEEP], STOP, 5, searches=1).reason == "max-iterations"
     shares = {"head": 0.95, "guard": 0.93}
-    assert decide.stop_reason(1, [KEEP], STOP, 5, searches=1,
-                              floor_shares=shares).startswith("at the roofline")
+    roofline = decide.stop_reason(1, [KEEP], STOP, 5, searches=1, floor_shares=shares)
+    assert roofline.reason == "roofline" and roofline.detail.startswith("at the roofline")
     assert decide.stop_reason(1, [KEEP], STOP, 5, floor_shares={**shares, "g": 0.9}) is None
     # a minor gain's stop stands after the search experiments that followed it
-    assert decide.stop_reason(3, [KEEP, MINOR, REVERT], STOP, 5,
-                              searched=[False, False, True]) == MINOR.reason
+    assert decide.stop_reason(3, [KEEP, MINOR, REVERT], STOP, 5, searched=[False, False, True]
+                              ) == vocab.Stop(vocab.StopReason.MINOR_GAIN, MINOR.reason)
     assert decide.stop_reason(3, [KEEP, MINOR, KEEP], STOP, 5,
                               searched=[False, False, False]) is None
 
@@ -312,7 +313,7 @@ def test_a_run_stops_before_an_experiment_that_would_pass_its_time_budget():
     assert decide.stop_reason(3, [KEEP, KEEP], timed, 5, searches=1,
                               spent_s=(100, 180, 120)) is None
     reason = decide.stop_reason(3, [KEEP, KEEP], timed, 5, searches=1, spent_s=(100, 280, 120))
-    assert reason.startswith("time budget") and "600 s" in reason
+    assert reason.reason is StopReason.TIME_BUDGET and "600 s" in reason.detail
     assert decide.stop_reason(3, [KEEP, KEEP], STOP, 5, spent_s=(100, 280, 120)) is None
 
 
@@ -321,7 +322,7 @@ def test_only_catalog_experiments_count_towards_the_no_improvement_streak():
     assert decide.stop_reason(4, [KEEP, REVERT, REVERT, REVERT], STOP, 5,
                               searched=[False, False, True, True]) is None
     assert decide.stop_reason(5, [KEEP, REVERT, REVERT, REVERT, REVERT], STOP, 5,
-                              searched=[False, False, True, True, False]).startswith(
+                              searched=[False, False, True, True, False]).detail.startswith(
         "no improvement in 2 consecutive")
     # an improvement found by a search still ends the streak
     assert decide.stop_reason(4, [REVERT, REVERT, KEEP, REVERT], STOP, 5,

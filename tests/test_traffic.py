@@ -215,7 +215,7 @@ def test_the_loop_classifies_the_baseline_from_its_record_against_the_timing_dev
     def classified(ceil):
         s = SimpleNamespace(spec=SimpleNamespace(headline=SimpleNamespace(name="head")),
                             playbook=load(PLAYBOOK), state=SimpleNamespace())
-        iteration._classify(s, {"timing": {"shapes": summary, "ceilings": ceil}})
+        iteration._classify(s, SimpleNamespace(timing={"shapes": summary, "ceilings": ceil}))
         return s.state
 
     on_h100 = classified(H100_CEILINGS)   # 0.25 sfu results per byte: 0.18x its ridge

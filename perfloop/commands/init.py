@@ -21,10 +21,10 @@ def execute(args):
     s = Session(args.kernel, args.playbook)
     if s.spec.requires_gpu:
         require_gpu()
-    record = loop.start(s, new=args.new)
-    if record.get("undone"):
-        return {"experiment": views.experiment(record), "undone": record["undone"],
-                "status": None, "exit_code": 1, "failure": record["undone"]}
+    record, undone = loop.start(s, new=args.new)
+    if undone:
+        return {"experiment": views.experiment(record), "undone": undone,
+                "status": None, "exit_code": 1, "failure": undone}
     return {"experiment": views.experiment(record), "undone": None, "status": views.status(s)}
 
 

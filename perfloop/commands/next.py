@@ -1,4 +1,4 @@
-from perfloop import profiling
+from perfloop import profiling, views
 from perfloop.playbook import thaw
 from perfloop.session import Session
 from perfloop.suggest import suggestions
@@ -32,7 +32,7 @@ def _profile(s: Session) -> dict | None:
 def execute(args):
     s = Session(args.kernel, args.playbook)
     ranked = suggestions(s)
-    return {"kernel_class": s.state.kernel_class or None, "stopped": s.state.stopped,
+    return {"kernel_class": s.state.kernel_class or None, **views.stop_fields(s.state.stop),
             "profile": _profile(s),
             "suggestions": [{"id": sg.optimization.id, "title": sg.optimization.title,
                              "family": sg.optimization.family, "knob": sg.optimization.knob,

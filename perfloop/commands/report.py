@@ -7,6 +7,7 @@ from perfloop.atomic import write_bytes, write_text
 from perfloop.errors import UserError
 from perfloop.search import show_patch, show_value
 from perfloop.session import Session
+from perfloop.vocab import Correctness, Status
 
 HELP = "a reviewer's summary of the run: the kept changes, the speedup, each shape against its floor"
 DESCRIPTION = """\
@@ -32,8 +33,8 @@ def add_arguments(p):
 def _frame(recs):
     import pandas as pd  # here, so that the other commands start fast
 
-    return pd.DataFrame([{**views.experiment(r), "seconds": r["phases_s"]["total"],
-                          **{f"{k}_s": v for k, v in r["phases_s"].items() if k != "total"}}
+    return pd.DataFrame([{**views.experiment(r), "seconds": r.phases_s["total"],
+                          **{f"{k}_s": v for k, v in r.phases_s.items() if k != "total"}}
                          for r in recs])
 
 
@@ -85,34 +86,34 @@ def execute(args):
     df = _frame(recs)
     st = s.state
     head = s.spec.headline.name
-    kept = [r for r in recs if r["status"] == "keep"]
+    kept = [r for r in recs if r.status == Status.KEEP]
     final = review.incumbent_record(recs, st.incumbent) or (kept[-1] if kept else None)
     confirmation = confirm.latest(s)
-    bench, bench_info, bench_problem = _bench(s, final["knobs"] if final else None)
+    bench, bench_info, bench_problem = _bench(s, final.knobs if final else None)
     profile, profile_problem = _read_json(s.sandbox / PROFILE)
     shapes = review.shapes(recs, [sh.name for sh in s.spec.shapes], st.incumbent, confirmation,
                            bench, head)
     speedup = views.speedup(s, recs)
     confirmed = speedup["method"] == review.ONE_PROCESS
-    env = next((r["environment"] for r in reversed(recs) if r.get("environment")), None)
+    env = next((r.environment for r in reversed(recs) if r.environment), None)
     out = {
         "kernel": s.spec.name, "branch": st.branch, "experiments": len(recs),
         "counts": df["status"].value_counts().to_dict(),   # by status, the baseline included
         "changes": review.change_counts(recs),              # after the baseline
-        "baseline": {"status": recs[0]["status"], "latency_ms": recs[0]["latency_ms"],
-                     "commit": recs[0]["commit"]},
-        "correctness_failures": int((df["correctness"] == "FAIL").sum()),
+        "baseline": {"status": recs[0].status, "latency_ms": recs[0].latency_ms,
+                     "commit": recs[0].commit},
+        "correctness_failures": int((df["correctness"] == Correctness.FAIL).sum()),
         "headline": head, "shapes": shapes,
         "speedup": {**{k: v for k, v in speedup.items() if k != "shapes"},
                     "confirmed": confirmed},
         "journey": review.journey(recs),
-        "final": {"commit": st.incumbent, "iteration": final["iteration"] if final else None,
-                  "knobs": final["knobs"] if final else None},
-        "best_iteration": kept[-1]["iteration"] if kept else None,
+        "final": {"commit": st.incumbent, "iteration": final.iteration if final else None,
+                  "knobs": final.knobs if final else None},
+        "best_iteration": kept[-1].iteration if kept else None,
         "seconds_total": float(df["seconds"].sum()),
-        "wall_seconds": recs[-1]["finished_at"] - recs[0]["started_at"],
+        "wall_seconds": recs[-1].finished_at - recs[0].started_at,
         "seconds_per_phase": review.phase_seconds(recs, confirmation, profile),
-        "stopped": st.stopped, "stop_reason": st.stopped, "environment": env,
+        **views.stop_fields(st.stop), "stop_reason": views.line(st.stop), "environment": env,
         "bench": bench_info,
         "profile": _profile_summary(profile, st.incumbent),
         "notes": [p for p in (bench_problem, profile_problem) if p],

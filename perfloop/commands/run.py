@@ -4,6 +4,7 @@ import sys
 from perfloop import loop, profiling, progress, views
 from perfloop.errors import UserError
 from perfloop.session import Session, require_gpu
+from perfloop.vocab import Status, StopReason
 
 HELP = "the whole loop, unattended: baseline, then one optimization per iteration until a stop rule"
 DESCRIPTION = """\
@@ -51,8 +52,9 @@ def execute(args):
         if not args.json:
             with progress.paused():
                 print(views.experiment_line(e), flush=True)
-        if args.profile and record["status"] == "keep" and not any(p.get("gave_up") for p in profiles):
-            profiles.append(_profile(s, record["iteration"], quiet=args.json))
+        if args.profile and record.status == Status.KEEP and not any(
+                p.get("gave_up") for p in profiles):
+            profiles.append(_profile(s, record.iteration, quiet=args.json))
 
     if args.resume:
         if args.new:
@@ -60,19 +62,21 @@ def execute(args):
         s.require_run()
         redone = loop.resume(s)
     else:
-        redone = loop.start(s, new=args.new)
-        if redone.get("undone"):
+        redone, undone = loop.start(s, new=args.new)
+        if undone:
             report(redone)
-            return {"experiments_this_call": lines, "stop_reason": redone["undone"],
-                    "status": None, "exit_code": 1, "failure": redone["undone"]}
+            return {"experiments_this_call": lines, "stop_reason": undone,
+                    "stopped_by": StopReason.BASELINE_FAILED, "status": None,
+                    "exit_code": 1, "failure": undone}
     if redone:
         report(redone)
-    reason = loop.run(s, report, args.max_iterations)
+    stop = loop.run(s, report, args.max_iterations)
     st = views.status(s)
-    out = {"experiments_this_call": lines, "stop_reason": reason, "status": st}
+    out = {"experiments_this_call": lines, "stop_reason": stop.detail, "stopped_by": stop.reason,
+           "status": st}
     if args.profile:
         out["profiles"] = profiles
-    if st["iterations"] and st["experiments"][0]["status"] != "keep":
+    if st["iterations"] and st["experiments"][0]["status"] != Status.KEEP:
         out.update(exit_code=1, failure=f"the baseline did not pass: "
                                         f"{st['experiments'][0]['reason']}")
     return out

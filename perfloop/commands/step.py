@@ -2,10 +2,11 @@ import json
 
 from perfloop import confirm, decide, iteration, loop, search, views
 from perfloop.errors import UserError
-from perfloop.iteration import AGENT, PLAYBOOK, Proposal
+from perfloop.iteration import Proposal
 from perfloop.playbook import freeze, thaw
 from perfloop.session import Session, require_gpu
 from perfloop.suggest import searches, suggestions
+from perfloop.vocab import Kind
 
 HELP = "one iteration: a playbook optimization (--opt), or your own edits (--describe)"
 DESCRIPTION = """\
@@ -44,7 +45,7 @@ def _search_proposal(s: Session, opt_id: str, value_text: str | None) -> Proposa
         raise UserError(f"no {opt_id} experiment to run now: {why}")
     if value_text is not None:
         raise UserError(f"--value does not go with --opt {opt_id}: its values come from the record")
-    return Proposal(PLAYBOOK, found.optimization, found.candidates, describe=found.describe,
+    return Proposal(Kind.PLAYBOOK, found.optimization, found.candidates, describe=found.describe,
                     sampler=found.sampler)
 
 
@@ -61,14 +62,14 @@ def _playbook_proposal(s: Session, opt_id: str, value_text: str | None) -> Propo
         values = decide.candidates_for(opt, knobs, s.spec.candidates)
         if not values:
             raise UserError(f"every candidate of '{opt.id}' equals the incumbent's {opt.knob}")
-        return Proposal(PLAYBOOK, opt, values)
+        return Proposal(Kind.PLAYBOOK, opt, values)
     value = _parse_value(value_text)
     if value not in allowed:
         raise UserError(f"value {value_text} is not a candidate of '{opt.id}' (candidates: "
                         f"{', '.join(json.dumps(thaw(v)) for v in allowed)})")
     if value == knobs[opt.knob]:
         raise UserError(f"the incumbent already has {opt.knob}={value_text}")
-    return Proposal(PLAYBOOK, opt, (value,))
+    return Proposal(Kind.PLAYBOOK, opt, (value,))
 
 
 def execute(args):
@@ -88,18 +89,19 @@ def execute(args):
         if args.describe is not None:
             if not args.describe.strip():
                 raise UserError("--describe needs a short text naming the change")
-            proposal = Proposal(AGENT, describe=" ".join(args.describe.split()))
+            proposal = Proposal(Kind.AGENT, describe=" ".join(args.describe.split()))
         else:
             proposal = _playbook_proposal(s, args.opt, args.value)
         loop.prepare_step(s, proposal.kind)
         if s.spec.requires_gpu:
             require_gpu()
         record = iteration.run(s, proposal)
-    if s.state.stopped:
+    if s.state.stop:
         confirm.ensure(s)
     st = views.status(s)
     return {"experiment": views.experiment(record), "incumbent": st["incumbent"],
-            "stopped": st["stopped"], "next": [sg.optimization.id for sg in suggestions(s)][:3]}
+            "stopped": st["stopped"], "stopped_by": st["stopped_by"],
+            "next": [sg.optimization.id for sg in suggestions(s)][:3]}
 
 
 def render(r):
