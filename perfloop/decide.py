@@ -145,6 +145,13 @@ def stop_reason(iteration: int, verdicts: list[Verdict], rules: Stop, remaining:
 NOTHING_LEFT = vocab.Stop(StopReason.NOTHING_LEFT, "nothing left to try")
 
 
+def last_call(spent_s: tuple[float, ...], budget: float | None) -> bool:
+    """Whether the time budget leaves room for one more experiment at most (as long as the
+    slowest so far): the joint search then goes before the catalog, since it builds on all
+    that was measured."""
+    return bool(budget and spent_s and sum(spent_s) + 2 * max(spent_s) > budget)
+
+
 @dataclass(frozen=True)
 class Suggestion:
     optimization: Optimization

@@ -74,4 +74,6 @@ def suggestions(s: Session) -> list[decide.Suggestion]:
     iteration, verdicts, searched = stop_inputs(s, recs)
     would_stop = bool(verdicts) and decide.stop_reason(
         iteration, verdicts, s.playbook.rules.stop, len(ranked), searched=searched) is not None
+    would_stop |= decide.last_call(tuple(r.finished_at - r.started_at for r in recs),
+                                   s.playbook.rules.stop.time_budget_s)
     return first + (joint + ranked if would_stop else ranked + joint)

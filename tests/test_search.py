@@ -317,6 +317,12 @@ def test_a_run_stops_before_an_experiment_that_would_pass_its_time_budget():
     assert decide.stop_reason(3, [KEEP, KEEP], STOP, 5, spent_s=(100, 280, 120)) is None
 
 
+def test_the_last_experiment_a_time_budget_allows_is_known_ahead():
+    assert not decide.last_call((100, 120), 600)          # 220 + 2 x 120 fits
+    assert decide.last_call((100, 120, 150), 600)         # 370 + 300 does not: one more at most
+    assert not decide.last_call((100, 120, 150), None) and not decide.last_call((), 600)
+
+
 def test_only_catalog_experiments_count_towards_the_no_improvement_streak():
     # a revert, then a dispatch and a joint search that found nothing: one idea failed, not three
     assert decide.stop_reason(4, [KEEP, REVERT, REVERT, REVERT], STOP, 5,
