@@ -162,16 +162,18 @@ class Suggestion:
     sampler: dict | None = None   # what chose a joint search's configs (search.JointPlan)
 
 
-def candidates_for(opt: Optimization, knobs: dict, overrides: dict) -> tuple:
-    """The values an iteration of `opt` would measure: every candidate but the current one."""
+def candidates_for(opt: Optimization, knobs: dict, overrides: dict, same=None) -> tuple:
+    """The values an iteration of `opt` would measure: every candidate but the current one,
+    and but those that build the same kernel (`same(a, b)`, from the kernel's canonical())."""
     values = overrides.get(opt.knob, opt.values)
     current = knobs.get(opt.knob)
-    return tuple(v for v in values if v != current)
+    return tuple(v for v in values if v != current
+                 and not (same and same(knobs, {**knobs, opt.knob: v})))
 
 
 def rank(optimizations: tuple[Optimization, ...], kernel_class: str, knobs: dict,
          overrides: dict, tried: set[str], penalties: dict[str, int],
-         tags: tuple = ()) -> list[Suggestion]:
+         tags: tuple = (), same=None) -> list[Suggestion]:
     """Untried optimizations that apply to this kernel, best first: by the rank for one of
     the kernel's tags where the entry gives one, else by the rank for its class."""
     out = []
@@ -180,7 +182,7 @@ def rank(optimizations: tuple[Optimization, ...], kernel_class: str, knobs: dict
         if opt.id in tried or opt.knob not in knobs or not (
                 tagged or kernel_class in opt.applies_to):
             continue
-        values = candidates_for(opt, knobs, overrides)
+        values = candidates_for(opt, knobs, overrides, same)
         if not values:
             continue
         base, source = opt.rank_for(kernel_class, tags)

@@ -19,7 +19,9 @@ A kernel folder holds
                optionally (perfloop.hooks) INPLACE, the inputs launch updates (restored before
                every launch, checked against reference's extra results), scratch(inputs) ->
                buffers passed as launch(inputs, out, buffers), and tolerance(shape, index,
-               dtype), a tolerance per output and shape over kernel.toml's per-dtype one.
+               dtype), a tolerance per output and shape over kernel.toml's per-dtype one;
+               optionally canonical(knobs) -> knobs, with what the kernel ignores set to one
+               value (perfloop.knobspace: such candidates are never proposed).
 README.md ("Writing a kernel") documents it for users.
 """
 

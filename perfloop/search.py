@@ -59,8 +59,8 @@ def _dispatchable(record: dict) -> bool:
 
 
 def dispatch_changes(recs: list[dict], incumbent: str, knobs: dict,
-                     rules: decide.DecisionRules, headline: str | None = None
-                     ) -> tuple[dict, str, str] | None:
+                     rules: decide.DecisionRules, headline: str | None = None,
+                     same=None) -> tuple[dict, str, str] | None:
     """(the new dispatch table, what it changes, the gains that chose it) from the last
     experiment, when some of its values won on some buckets against what is in force now.
     After a joint search a bucket's entry is every knob its winner ran with there that
@@ -95,6 +95,9 @@ def dispatch_changes(recs: list[dict], incumbent: str, knobs: dict,
             if freeze(current.get(bucket, {}).get(knob)) == freeze(values[label]):
                 continue
             entry = {knob: values[label]}
+        after = {**knobs, dispatch.KEY: dispatch.merged(current, {bucket: entry})}
+        if same and same(dispatch.knobs_for(knobs, bucket), dispatch.knobs_for(after, bucket)):
+            continue  # builds what runs there now: a win on noise
         changes[bucket] = entry
         said.append(f"{show_patch(entry)} at {bucket}")
         gains.append(f"{100 * gain:.1f}% faster at {bucket}")

@@ -4,7 +4,7 @@ search, which goes first once a stop rule would otherwise end the run."""
 
 from __future__ import annotations
 
-from perfloop import decide, profile_rank, profiling, records, search
+from perfloop import decide, dispatch, knobspace, profile_rank, profiling, records, search
 from perfloop.session import Session
 from perfloop.vocab import Kind
 
@@ -26,7 +26,8 @@ def catalog(s: Session, recs: list[records.Experiment] | None = None
     tried = {r.optimization for r in recs if r.kind == Kind.PLAYBOOK}
     knobs = s.incumbent_knobs()
     ranked = decide.rank(s.playbook.optimizations, s.state.kernel_class, knobs,
-                         s.spec.candidates, tried, penalties(s, recs), s.spec.tags)
+                         s.spec.candidates, tried, penalties(s, recs), s.spec.tags,
+                         same=knobspace.same_for(s.spec.folder))
     profile = profiling.of_incumbent(s)
     if profile is None or not ranked:
         return ranked
@@ -42,7 +43,8 @@ def searches(s: Session, recs: list[records.Experiment] | None = None
     knobs = s.incumbent_knobs()
     out = []
     found = s.playbook.rules.search.dispatch and search.dispatch_changes(
-        recs, s.state.incumbent, knobs, s.playbook.rules.decision, s.spec.headline.name)
+        recs, s.state.incumbent, knobs, s.playbook.rules.decision, s.spec.headline.name,
+        same=knobspace.same_for(s.spec.folder))
     if found:
         table, said, why = found
         out.append(decide.Suggestion(search.optimization(search.DISPATCH, (table,)), (table,),
@@ -51,7 +53,11 @@ def searches(s: Session, recs: list[records.Experiment] | None = None
     if not search.joint_tried_since_keep(recs):
         plan = search.joint_plan(recs, knobs, s.spec.headline.name, rules.joint_margin,
                                  rules.joint_max_configs, list(rules.interactions))
-        patches = plan.patches
+        same = knobspace.same_for(s.spec.folder)
+        where = search.headline_bucket(recs, s.spec.headline.name)
+        patches = [p for p in plan.patches if not same(
+            dispatch.knobs_for(knobs, where or ""),
+            dispatch.knobs_for(search.apply_joint(knobs, p, where), where or ""))]
         if patches:
             values = tuple(patches)
             out.append(decide.Suggestion(

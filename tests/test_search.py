@@ -5,11 +5,13 @@ Pure functions first, then runs of the scripted kernel (which buckets its inputs
 """
 
 import json
+from pathlib import Path
 
 import pytest
 
-from perfloop import decide, dispatch, measure, search, vocab
-from perfloop.playbook import Decision, Measure, Stop
+from perfloop import decide, dispatch, knobspace, measure, search, vocab
+from perfloop.errors import UserError
+from perfloop.playbook import SHIPPED, Decision, Measure, Stop, load
 from perfloop.stats import Comparison
 from perfloop.vocab import Status, StopReason
 
@@ -109,6 +111,54 @@ def test_a_joint_config_that_wins_only_in_another_bucket_is_dispatched_there_who
     # nothing to dispatch where the kept config is best everywhere
     first["guard"]["variants"]["candidate-1"]["round_medians_ms"] = _rounds(0.6)
     assert search.dispatch_changes(recs, "c1", knobs, RULES, "head") is None
+
+
+def test_a_dispatch_that_builds_what_runs_there_now_is_not_proposed():
+    # with "rows" ignored at "small" (say, another knob decides rows there), candidate-1's
+    # win at "small" is noise: the kernel's canonical() says it builds the same kernel
+    first = {"head": _shape("big", {"incumbent": _rounds(1.0), "candidate-0": _rounds(0.8),
+                                    "candidate-1": _rounds(0.9)}),
+             "guard": _shape("small", {"incumbent": _rounds(0.5), "candidate-0": _rounds(0.5),
+                                       "candidate-1": _rounds(0.4)})}
+    recs = _joint_kept(first)
+    knobs = {"rows": 4, "occupancy": 2, "dispatch": {"small": {"rows": 2}}}
+    same = knobspace._by(lambda k: {**k, "occupancy": None})   # occupancy never matters
+    assert search.dispatch_changes(recs, "c1", knobs, RULES, "head", same=same) is None
+    assert search.dispatch_changes(recs, "c1", knobs, RULES, "head") is not None
+
+
+def test_candidates_that_build_the_incumbents_kernel_are_never_proposed(tmp_path):
+    (tmp_path / "kernel.py").write_text(
+        "def canonical(knobs):\n"
+        "    return {**knobs, 'tile': (1, knobs['tile'][1])} if knobs['block_elems'] else knobs\n")
+    same = knobspace.same_for(tmp_path)
+    opt = load(SHIPPED).optimizations
+    tile = next(o for o in opt if o.id == "tile_shape")
+    knobs = {"tile": (1, 0), "block_elems": 32768}
+    overrides = {"tile": ((1, 0), (2, 0), (8, 0), (1, 1024), (4, 1024))}
+    assert decide.candidates_for(tile, knobs, overrides, same) == ((1, 1024), (4, 1024))
+    assert decide.candidates_for(tile, {**knobs, "block_elems": None}, overrides, same) == (
+        (2, 0), (8, 0), (1, 1024), (4, 1024))
+    # without canonical(): plain equality; a canonical() that raises: one line
+    (tmp_path / "kernel.py").write_text("X = 1\n")
+    assert knobspace.same_for(tmp_path)({"a": 1}, {"a": (1,)}) is False
+    (tmp_path / "kernel.py").write_text("def canonical(knobs):\n    return knobs['nope']\n")
+    with pytest.raises(UserError, match="canonical\\(\\) failed: KeyError"):
+        knobspace.same_for(tmp_path)({"a": 1}, {"a": 2})
+
+
+@pytest.mark.parametrize("kernel", ["rmsnorm", "softmax"])
+def test_a_reductions_tile_rows_beside_block_elems_build_the_same_kernel(kernel):
+    # the catalog must not offer, nor a dispatch keep, a tile whose rows the kernel ignores
+    pytest.importorskip("cuda.tile")
+    folder = Path(__file__).resolve().parent.parent / "kernels" / kernel
+    same = knobspace.same_for(folder)
+    knobs = {k: tuple(v) if isinstance(v, list) else v
+             for k, v in json.loads((folder / "knobs.json").read_text()).items()}
+    packed = {**knobs, "block_elems": 32768}
+    assert same(packed, {**packed, "tile": (4, 0)})
+    assert not same(packed, {**packed, "tile": (4, 1024)})
+    assert not same(knobs, {**knobs, "tile": (4, 0)})
 
 
 def test_a_kept_tpe_joint_search_is_followed_by_another_one():

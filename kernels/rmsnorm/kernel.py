@@ -160,6 +160,14 @@ def grid(knobs: dict, m: int, n: int, device) -> tuple[int]:
     return (min(blocks, _sm_count(device.index or 0) * (knobs["occupancy"] or PERSISTENT_OCCUPANCY)),)
 
 
+def canonical(knobs: dict) -> dict:
+    """The same knobs with what this kernel ignores set to one value (perfloop.knobspace):
+    with block_elems set, tile's rows are not used."""
+    if knobs["block_elems"]:
+        return {**knobs, "tile": (1, knobs["tile"][1])}
+    return knobs
+
+
 def build(knobs: dict):
     """launch((x, w), y) for these knob values; y has x's shape and dtype.
     Values in knobs.json's "dispatch" table hold only for their bucket of inputs (bucket)."""

@@ -1,6 +1,6 @@
 import json
 
-from perfloop import confirm, decide, iteration, loop, search, views
+from perfloop import confirm, decide, iteration, knobspace, loop, search, views
 from perfloop.errors import UserError
 from perfloop.iteration import Proposal
 from perfloop.playbook import freeze, thaw
@@ -59,9 +59,11 @@ def _playbook_proposal(s: Session, opt_id: str, value_text: str | None) -> Propo
                         f"'{s.spec.name}' does not have (its knobs: {', '.join(knobs)})")
     allowed = s.spec.candidates.get(opt.knob, opt.values)
     if value_text is None:
-        values = decide.candidates_for(opt, knobs, s.spec.candidates)
+        values = decide.candidates_for(opt, knobs, s.spec.candidates,
+                                       knobspace.same_for(s.spec.folder))
         if not values:
-            raise UserError(f"every candidate of '{opt.id}' equals the incumbent's {opt.knob}")
+            raise UserError(f"every candidate of '{opt.id}' builds the incumbent's kernel "
+                            f"(equal {opt.knob}, or equal by kernel.py's canonical())")
         return Proposal(Kind.PLAYBOOK, opt, values)
     value = _parse_value(value_text)
     if value not in allowed:
