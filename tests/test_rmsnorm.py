@@ -82,4 +82,3 @@ def test_public_entry_point_takes_strided_and_batched_inputs():
     expected = reference(x, w[:1000])
     assert out.shape == x.shape and out.dtype == x.dtype
     assert float((out.double() - expected).norm() / expected.norm()) < 5e-3
-
