@@ -41,10 +41,11 @@ def searches(s: Session, recs: list[records.Experiment] | None = None
     """The dispatch and joint experiments the record supports now."""
     recs = records.plain(s.records() if recs is None else recs)  # (search reads plain lines)
     knobs = s.incumbent_knobs()
+    same = knobspace.same_for(s.spec.folder)
     out = []
     found = s.playbook.rules.search.dispatch and search.dispatch_changes(
         recs, s.state.incumbent, knobs, s.playbook.rules.decision, s.spec.headline.name,
-        same=knobspace.same_for(s.spec.folder))
+        same=same)
     if found:
         table, said, why = found
         out.append(decide.Suggestion(search.optimization(search.DISPATCH, (table,)), (table,),
@@ -53,7 +54,6 @@ def searches(s: Session, recs: list[records.Experiment] | None = None
     if not search.joint_tried_since_keep(recs):
         plan = search.joint_plan(recs, knobs, s.spec.headline.name, rules.joint_margin,
                                  rules.joint_max_configs, list(rules.interactions))
-        same = knobspace.same_for(s.spec.folder)
         where = search.headline_bucket(recs, s.spec.headline.name)
         patches = [p for p in plan.patches if not same(
             dispatch.knobs_for(knobs, where or ""),

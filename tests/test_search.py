@@ -96,13 +96,19 @@ def _joint_kept(first: dict) -> list[dict]:
     return [base, joint]
 
 
-def test_a_joint_config_that_wins_only_in_another_bucket_is_dispatched_there_whole():
+def _candidate_1_wins_small():
+    """candidate-0 (kept) best at "big", candidate-1 best at "small": (first pass, records,
+    the kept knobs)."""
     first = {"head": _shape("big", {"incumbent": _rounds(1.0), "candidate-0": _rounds(0.8),
                                     "candidate-1": _rounds(0.9)}),
              "guard": _shape("small", {"incumbent": _rounds(0.5), "candidate-0": _rounds(0.5),
                                        "candidate-1": _rounds(0.4)})}
-    recs = _joint_kept(first)
     knobs = {"rows": 4, "occupancy": 2, "dispatch": {"small": {"rows": 2}}}
+    return first, _joint_kept(first), knobs
+
+
+def test_a_joint_config_that_wins_only_in_another_bucket_is_dispatched_there_whole():
+    first, recs, knobs = _candidate_1_wins_small()
     table, said, why = search.dispatch_changes(recs, "c1", knobs, RULES, "head")
     # candidate-1 ran at "small" with occupancy 4 and its bucket's own rows (2): the entry is
     # what differs there from the kept config, measured against the kept config
@@ -114,14 +120,9 @@ def test_a_joint_config_that_wins_only_in_another_bucket_is_dispatched_there_who
 
 
 def test_a_dispatch_that_builds_what_runs_there_now_is_not_proposed():
-    # with "rows" ignored at "small" (say, another knob decides rows there), candidate-1's
-    # win at "small" is noise: the kernel's canonical() says it builds the same kernel
-    first = {"head": _shape("big", {"incumbent": _rounds(1.0), "candidate-0": _rounds(0.8),
-                                    "candidate-1": _rounds(0.9)}),
-             "guard": _shape("small", {"incumbent": _rounds(0.5), "candidate-0": _rounds(0.5),
-                                       "candidate-1": _rounds(0.4)})}
-    recs = _joint_kept(first)
-    knobs = {"rows": 4, "occupancy": 2, "dispatch": {"small": {"rows": 2}}}
+    # candidate-1 differs at "small" only by occupancy; for a kernel whose canonical() says
+    # occupancy changes nothing, its win there is noise
+    _, recs, knobs = _candidate_1_wins_small()
     same = knobspace._by(lambda k: {**k, "occupancy": None})   # occupancy never matters
     assert search.dispatch_changes(recs, "c1", knobs, RULES, "head", same=same) is None
     assert search.dispatch_changes(recs, "c1", knobs, RULES, "head") is not None
