@@ -145,11 +145,12 @@ def stop_reason(iteration: int, verdicts: list[Verdict], rules: Stop, remaining:
 NOTHING_LEFT = vocab.Stop(StopReason.NOTHING_LEFT, "nothing left to try")
 
 
-def last_call(spent_s: tuple[float, ...], budget: float | None) -> bool:
-    """Whether the time budget leaves room for one more experiment at most (as long as the
-    slowest so far): the joint search then goes before the catalog, since it builds on all
-    that was measured."""
-    return bool(budget and spent_s and sum(spent_s) + 2 * max(spent_s) > budget)
+def last_call(spent_s: tuple[float, ...], budget: float | None, searches: int = 1) -> bool:
+    """Whether the time budget leaves room for no more experiments (each as long as the
+    slowest so far) than the `searches` (joint searches) on offer: they then go before the
+    catalog, since they build on all that was measured."""
+    return bool(budget and spent_s and searches
+                and sum(spent_s) + (1 + searches) * max(spent_s) > budget)
 
 
 @dataclass(frozen=True)

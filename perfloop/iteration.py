@@ -63,6 +63,8 @@ def _row_name(record: records.Experiment) -> str:
         return record.describe
     if record.optimization == search.DISPATCH:
         return f"dispatch: {record.describe}"
+    if record.optimization == search.BUCKET_JOINT:
+        return search.bucket_joint_row(record.extra.get("incumbent_value"), record.value)
     return f"{record.optimization}: {_setting(record.knob, record.value)}"
 
 
@@ -107,6 +109,9 @@ def _commit_message(s: Session, proposal: Proposal, iteration: int, value) -> st
     opt = proposal.optimization
     if opt.id == search.DISPATCH:
         return f"perfloop: iteration {iteration}: dispatch: {proposal.describe}"
+    if opt.id == search.BUCKET_JOINT:
+        return (f"perfloop: iteration {iteration}: "
+                f"{search.bucket_joint_row(s.incumbent_knobs().get(opt.knob), value)}")
     return f"perfloop: iteration {iteration}: {opt.id} ({_setting(opt.knob, thaw(value))})"
 
 
@@ -163,14 +168,14 @@ def _run(s: Session, proposal: Proposal) -> records.Experiment:
     if proposal.kind == Kind.PLAYBOOK and len(candidates) > rules.search.screen_above:
         t = time.monotonic()
         screened, screen_ratios = _screen(s, variants, contract_dir, work, env, deadline,
-                                          allowed)
+                                          allowed, _screen_shape(s, proposal), phase_s)
         phase_s["screen"] = phases.elapsed(t)
         candidates = [v for v in candidates if v["label"] not in screened]
         variants = [variants[0]] + candidates
     timer = phases.start_timing(  # it gets ready while the judge runs
         [variants[0], control] + (candidates if proposal.kind != Kind.BASELINE else []),
         [sh.as_dict() for sh in shapes], rules, contract=contract_dir,
-        tolerance=s.spec.tolerance, headline=s.spec.headline.name,
+        tolerance=s.spec.tolerance, headline=_screen_shape(s, proposal).name,  # (chooses)
         ceilings_cache=s.ceilings_cache, work=work, cwd=s.root, env=env,
         checked=[INCUMBENT] if proposal.kind == Kind.BASELINE else None) if candidates else None
 
@@ -275,8 +280,8 @@ def _run(s: Session, proposal: Proposal) -> records.Experiment:
     }
     if proposal.sampler:  # a joint search: what chose its configs, out of how many
         line["sampler"] = proposal.sampler
-    if screen_ratios:  # every candidate's ratio at the headline in the screening pass
-        line["screening"] = {"shape": head_name, "ratios": screen_ratios}
+    if screen_ratios:  # every candidate's ratio where it was screened (the headline's)
+        line["screening"] = {"shape": _screen_shape(s, proposal).name, "ratios": screen_ratios}
     record = records.Experiment.from_dict(line)  # (what is written is what resume reads)
     records.append(s.records_path, record)
     crashpoint("record", iteration)
@@ -284,16 +289,33 @@ def _run(s: Session, proposal: Proposal) -> records.Experiment:
     return record
 
 
+def _screen_shape(s: Session, proposal: Proposal):
+    """Where an experiment is screened and its fastest candidate chosen: the headline, or the
+    shape a bucket joint search was planned at (the only bucket it changes)."""
+    at = (proposal.sampler or {}).get("shape")
+    return next((sh for sh in s.spec.shapes if sh.name == at), s.spec.headline)
+
+
 def _screen(s: Session, variants: list[dict], contract_dir, work, env, deadline: float,
-            allowed: list) -> tuple[dict, dict]:
-    """Time every candidate at the headline only, in a few rounds, outputs checked as always;
-    return the outcomes of those that do not go on: all but the [search] screen_keep fastest,
-    and any that failed, crashed or fell off a cliff there; and {label: time ratio against the
-    incumbent at the headline} of those timed (the joint search's sampler is told them)."""
+            allowed: list, head, phase_s: dict) -> tuple[dict, dict]:
+    """Time every candidate at one shape (`head`: the headline's, or a bucket joint search's)
+    only, in a few rounds, outputs checked as always; return the outcomes of those that do
+    not go on: all but the [search] screen_keep fastest, and any that failed, crashed or fell
+    off a cliff there; and {label: time ratio against the incumbent there} of those timed
+    (the joint search's sampler is told them)."""
     rules = s.playbook.rules
     quick = dataclasses.replace(rules, measure=dataclasses.replace(
         rules.measure, rounds=rules.search.screen_rounds))
-    head = s.spec.headline
+    if s.spec.requires_gpu and rules.compile_processes:
+        # the timer would compile the candidates one after the other: compile them side by
+        # side first (into cuTile's disk cache), as for the judge; a hung one waits no longer
+        # than a stalled child would
+        t = time.monotonic()
+        phases.wait_warmers(phases.start_warmers(
+            variants[1:], [head.as_dict()], processes=rules.compile_processes,
+            contract=contract_dir, work=work, cwd=s.root, env=env),
+            min(deadline, time.monotonic() + rules.stall_timeout_s))
+        phase_s["screen_compile"] = phases.elapsed(t)
     timing = phases.time_variants(
         [variants[0], dict(variants[0], label=CONTROL)] + variants[1:], [head.as_dict()], quick,
         deadline=deadline, cliffs=True, contract=contract_dir, tolerance=s.spec.tolerance,
@@ -359,7 +381,8 @@ def _apply_timing(outcome: dict, timing: phases.Timing, kind: Kind) -> None:
 
 
 def _is_dispatch(proposal: Proposal) -> bool:
-    return proposal.kind == Kind.PLAYBOOK and proposal.optimization.id == search.DISPATCH
+    """A change of the dispatch table: a dispatch or a bucket joint search."""
+    return proposal.kind == Kind.PLAYBOOK and proposal.optimization.knob == dispatch.KEY
 
 
 def _verdict(s: Session, proposal: Proposal, outcome: dict, timing, summary,
@@ -394,7 +417,8 @@ def _weigh(s: Session, proposal: Proposal, summary: dict, best: str,
     head = s.spec.headline.name
     unchecked: tuple = ()
     if _is_dispatch(proposal):
-        changed = dispatch.changed_buckets(dispatch.table(incumbent_knobs), proposal.values[0])
+        chosen = proposal.values[int(best.rsplit("-", 1)[1])]   # (label_for's index)
+        changed = dispatch.changed_buckets(dispatch.table(incumbent_knobs), thaw(chosen))
         head = decide.dispatch_focus(summary, changed, head, best) or ""
         unchecked = decide.ungeneralized(summary, changed)
     below = _below_floor(summary, best, rules.floor_tolerance)

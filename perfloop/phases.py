@@ -292,6 +292,14 @@ def start_warmers(variants: list[dict], shapes: list[dict], *, processes: int, c
     return running
 
 
+def wait_warmers(running: list, until: float) -> int:
+    """Wait for the warmers to finish, until the monotonic time `until` at most; then stop
+    them. Returns how many had finished."""
+    while any(r.proc.poll() is None for r in running) and time.monotonic() < until:
+        time.sleep(0.2)
+    return stop_warmers(running)
+
+
 def stop_warmers(running: list) -> int:
     """Stop the warmers; returns how many had finished by then."""
     done = sum(r.proc.poll() is not None for r in running)

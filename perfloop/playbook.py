@@ -65,6 +65,7 @@ class Search:
     screen_keep: int = 4            # timed at the headline only, the fastest few go on
     screen_rounds: int = 3
     dispatch: bool = True           # false: no per-bucket dispatch (one-knob steps and joint only)
+    budget_reserve: int = 2         # joint searches the time budget keeps room for at the end
 
 
 @dataclass(frozen=True)

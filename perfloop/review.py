@@ -12,7 +12,7 @@ from __future__ import annotations
 from perfloop import dispatch
 from perfloop.records import Confirmation, Experiment
 from perfloop.playbook import freeze
-from perfloop.search import show_value
+from perfloop.search import BUCKET_JOINT, bucket_joint_row, show_value
 from perfloop.vocab import Correctness, Kind, Status
 ONE_PROCESS = "one-process confirmation"
 # bench's label of the kernel itself, and of its second timing (the A/A control)
@@ -52,6 +52,8 @@ def what(record: Experiment) -> str:
         return "baseline"
     if record.kind == Kind.AGENT:
         return f"agent edit: {record.describe}"
+    if record.optimization == BUCKET_JOINT:
+        return bucket_joint_row(record.extra.get("incumbent_value"), record.value)
     if record.describe:
         return f"{record.optimization}: {record.describe}"
     return record.optimization

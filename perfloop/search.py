@@ -6,6 +6,10 @@
   joint     before the run stops, the product of the values that were best or within
             [search] joint_margin of it in the one-knob steps, plus all measured values of
             knobs known to interact with them, at most [search] joint_max_configs configs.
+  bucket-joint  after that, the same search for each other bucket of shapes, from the
+            one-knob ratios at that bucket's benchmark shape, screened there and kept there
+            only (its configs are dispatch tables): the wide rows' best config is not the
+            headline's (on an H100 RMSNorm's differed in three knobs of four).
 
 Pure functions over the record's lines; iteration.py runs what they propose like any change.
 """
@@ -21,10 +25,10 @@ from perfloop import decide, dispatch
 from perfloop.playbook import CLASSES, Optimization, freeze, thaw
 from perfloop.vocab import Correctness, Kind, Outcome, Status
 
-DISPATCH, JOINT = "dispatch", "joint"
+DISPATCH, JOINT, BUCKET_JOINT = "dispatch", "joint", "bucket-joint"
 MULTI = "*"        # the knob of an optimization whose values are {knob: value} patches
 INCUMBENT = "incumbent"
-IDS = (DISPATCH, JOINT)
+IDS = (DISPATCH, JOINT, BUCKET_JOINT)
 ALL, TPE, RANKING = "all", "tpe", "product-ranking"   # what chose a joint search's configs
 
 
@@ -34,6 +38,11 @@ def optimization(opt_id: str, values: tuple) -> Optimization:
         return Optimization(DISPATCH, "per-shape dispatch", DISPATCH, dispatch.KEY, values,
                             CLASSES, dict.fromkeys(CLASSES, 0),
                             "keep a value only for the buckets of shapes where it won")
+    if opt_id == BUCKET_JOINT:
+        return Optimization(BUCKET_JOINT, "joint search at one bucket", DISPATCH, dispatch.KEY,
+                            values, CLASSES, dict.fromkeys(CLASSES, 0),
+                            "the values that mattered at one bucket's shape, measured "
+                            "together there and kept there only")
     return Optimization(JOINT, "joint search", JOINT, MULTI, values, CLASSES,
                         dict.fromkeys(CLASSES, 0),
                         "the values that mattered in one-knob steps, measured together")
@@ -117,20 +126,35 @@ def show_patch(patch: dict) -> str:
     return ", ".join(f"{k}={show_value(v)}" for k, v in patch.items())
 
 
-def _measured(recs: list[dict], headline: str) -> dict[str, dict]:
-    """{knob: {value: ratio against the value in force before its step}} from the latest
-    one-knob step of each knob (its first pass, at the headline)."""
-    out: dict[str, dict] = {}
+def _with_incumbent(recs: list[dict], knobs: dict):
+    """(record, the incumbent's knobs when it ran) for each record: the baseline's knobs, then
+    each kept experiment's; `knobs` before any record that holds them."""
+    incumbent = None
     for record in recs:
+        yield record, (incumbent if incumbent is not None else knobs)
+        if record.get("status") == Status.KEEP and isinstance(record.get("knobs"), dict):
+            incumbent = record["knobs"]
+
+
+def _measured(recs: list[dict], shape: str) -> dict[str, dict]:
+    """{knob: {value: ratio against the value in force before its step}} from the latest
+    one-knob step of each knob (its first pass, at `shape`). A step whose knob the shape's
+    bucket dispatched then (by the incumbent's knobs in the record) did not move it there, and
+    says nothing about it."""
+    bucket = headline_bucket(recs, shape)
+    out: dict[str, dict] = {}
+    for record, base in _with_incumbent(recs, {}):
         if not _single_knob(record) or "incumbent_value" not in record:
             continue
-        shape = (first_pass(record) or {}).get(headline)
-        if not shape:
+        if record["knob"] in dispatch.table(base).get(bucket or "", {}):
+            continue
+        timed = (first_pass(record) or {}).get(shape)
+        if not timed:
             continue
         ratios = {freeze(record["incumbent_value"]): 1.0}
         for label, value in record["timing"]["labels"].items():
-            if label in shape["vs_incumbent"]:
-                ratios[freeze(value)] = shape["vs_incumbent"][label]["ratio"]
+            if label in timed["vs_incumbent"]:
+                ratios[freeze(value)] = timed["vs_incumbent"][label]["ratio"]
         out[record["knob"]] = ratios
     return out
 
@@ -182,9 +206,13 @@ class JointPlan:
     seed: int | None = None   # the sampler's seed (tpe)
     note: str = ""            # why the product ranking stood in, when it did
     filled: int = 0           # configs the product ranking added when the asks ran out (tpe)
+    shape: str | None = None  # a bucket joint search: the shape it was planned and screened at
+    bucket: str | None = None # ... and that shape's bucket, the only one it changes
 
     def as_record(self) -> dict:
         out = {"name": self.sampler, "space": self.space, "chosen": len(self.patches)}
+        if self.shape:
+            out.update(shape=self.shape, bucket=self.bucket)
         if self.sampler == TPE:
             out.update(told=self.told, seed=self.seed, filled_by_ranking=self.filled)
         if self.note:
@@ -196,19 +224,20 @@ class JointPlan:
             return f"all {self.space} configs"
         if self.sampler == TPE:
             return (f"{len(self.patches)} of {self.space} configs chosen by Optuna's TPE "
-                    f"sampler, told the {self.told} configs the record measured at the headline")
+                    f"sampler, told the {self.told} configs the record measured at "
+                    f"{self.shape or 'the headline'}")
         return (f"the {len(self.patches)} of {self.space} configs best by the product of the "
                 f"one-knob ratios ({self.note})")
 
 
 def joint_space(recs: list[dict], knobs: dict, headline: str, margin: float,
-                max_configs: int, interactions: list) -> list[dict]:
+                max_configs: int, interactions: list, at: str | None = None) -> list[dict]:
     """joint_plan()'s patches."""
-    return joint_plan(recs, knobs, headline, margin, max_configs, interactions).patches
+    return joint_plan(recs, knobs, headline, margin, max_configs, interactions, at).patches
 
 
 def joint_plan(recs: list[dict], knobs: dict, headline: str, margin: float,
-               max_configs: int, interactions: list) -> JointPlan:
+               max_configs: int, interactions: list, at: str | None = None) -> JointPlan:
     """Patches {knob: value} over the incumbent's plain knobs that move two knobs or more from
     what is in force at the headline (its bucket's dispatch included), the most promising
     first (by the product of the one-knob ratios), at most max_configs; empty unless two knobs
@@ -217,9 +246,13 @@ def joint_plan(recs: list[dict], knobs: dict, headline: str, margin: float,
     change in the ranking (one-knob ratios say nothing about a pair that interacts).
 
     A space larger than max_configs is sampled by Optuna's TPE sampler (tpe_choose), rebuilt
-    from the record on every call; without Optuna, the product ranking cuts it."""
-    measured = _measured(recs, headline)
-    in_force = dispatch.knobs_for(knobs, headline_bucket(recs, headline) or "")
+    from the record on every call; without Optuna, the product ranking cuts it.
+
+    `at`: plan for another benchmark shape's bucket instead (a bucket joint search): its
+    one-knob ratios, the knobs in force there, its measured configs."""
+    shape = at or headline
+    measured = _measured(recs, shape)
+    in_force = dispatch.knobs_for(knobs, headline_bucket(recs, shape) or "")
     space: dict[str, list] = {}
     for knob, ratios in measured.items():
         best = min(ratios.values())
@@ -239,8 +272,9 @@ def joint_plan(recs: list[dict], knobs: dict, headline: str, margin: float,
         space[knob] = list(dict.fromkeys([current, *space[knob]]))
         if len(space[knob]) < 2:
             del space[knob]
+    where = {"shape": at, "bucket": headline_bucket(recs, at)} if at else {}
     if len(space) < 2 or max_configs <= 0:
-        return JointPlan([])
+        return JointPlan([], **where)
     names = sorted(space)
     partners = {n: {y for a, b in interactions for x, y in ((a, b), (b, a)) if x == n}
                 for n in names}
@@ -266,10 +300,10 @@ def joint_plan(recs: list[dict], knobs: dict, headline: str, margin: float,
                if len(c) >= 2 and not unpaired_cliff(c)]
     changes.sort(key=predicted)
     if len(changes) <= max_configs:
-        return JointPlan(out(changes), ALL, len(changes))
+        return JointPlan(out(changes), ALL, len(changes), **where)
     # a larger space: the configs measured before (at any headline time) are not proposed
     # again; the sampler picks among the rest
-    told = measured_configs(recs, knobs, headline)
+    told = measured_configs(recs, knobs, headline, at)
     seen = {_key(config, names) for config, _ in told}
     keyed = ((_key({**in_force, **c}, names), c) for c in changes)
     allowed = {key: c for key, c in keyed if key not in seen}   # in the product ranking's order
@@ -279,13 +313,13 @@ def joint_plan(recs: list[dict], knobs: dict, headline: str, margin: float,
     picked, note = tpe_choose(names, space, latest, allowed, min(max_configs, len(allowed)), seed)
     if picked is None:
         return JointPlan(out(list(allowed.values())[:max_configs]), RANKING, len(changes),
-                         note=note)
+                         note=note, **where)
     chosen = [allowed[key] for key in picked]
     taken = set(picked)
     rest = [c for key, c in allowed.items() if key not in taken]
     filled = rest[:max_configs - len(chosen)]
     return JointPlan(out(chosen + filled), TPE, len(changes), told=len(latest), seed=seed,
-                     filled=len(filled))
+                     filled=len(filled), **where)
 
 
 def _key(config: dict, names: list) -> tuple:
@@ -297,43 +331,45 @@ def _text(value) -> str:
     return json.dumps(thaw(freeze(value)), sort_keys=True)
 
 
-def measured_configs(recs: list[dict], knobs: dict, headline: str) -> list[tuple[dict, float | None]]:
+def measured_configs(recs: list[dict], knobs: dict, headline: str,
+                     at: str | None = None) -> list[tuple[dict, float | None]]:
     """(the knobs in force at the headline, the headline time ratio against the incumbent of
     its experiment, or None where the record holds none) for every config the record measured
-    there: each one-knob step's incumbent (1.0) and candidates, and each joint candidate (the
-    first full pass's ratio, else the screening pass's for one screened out). The
-    incumbent of each experiment is followed through the record (the baseline's knobs, then
-    each kept experiment's); a record without a baseline starts from `knobs`.
+    there: each one-knob step's and dispatch's incumbent (1.0) and candidates, and each joint
+    candidate (the first full pass's ratio, else the screening pass's for one screened out).
+    The incumbent of each experiment is followed through the record (the baseline's knobs,
+    then each kept experiment's); a record without a baseline starts from `knobs`. `at`: the
+    same at another benchmark shape, in its bucket.
 
     The ratio is against the incumbent of the config's own experiment, not today's: it is the
     best comparable figure the record holds (experiments ran in different processes, and
     their absolute times are not comparable), and it ranks configs well as long as the
     incumbent moved little, which it does within one joint search's reach."""
-    bucket = headline_bucket(recs, headline) or ""
-    incumbent = None
+    shape_name = at or headline
+    routed = headline_bucket(recs, headline)        # where a joint patch was applied
+    bucket = headline_bucket(recs, shape_name) or ""   # where its config is read
     out: list[tuple[dict, float | None]] = []
-    for record in recs:
-        base = incumbent if incumbent is not None else knobs
+    for record, base in _with_incumbent(recs, knobs):
         knob = record.get("knob")
-        if record["kind"] == Kind.PLAYBOOK and knob not in (None, dispatch.KEY):
-            shape = ((first_pass(record) or {}).get(headline) or {}).get("vs_incumbent", {})
-            patches = {label: (o.get("value") if "value" in o else None)
-                       for label, o in (record.get("outcomes") or {}).items()}
-            patches.update((record.get("timing") or {}).get("labels") or {})
-            screening = record.get("screening") or {}
-            screened = screening.get("ratios", {}) if screening.get("shape") == headline else {}
-            if knob != MULTI and (shape or screened):
-                out.append((dispatch.knobs_for({**base, knob: freeze(record.get(
-                    "incumbent_value"))}, bucket), 1.0))
-            for label, value in patches.items():
-                if knob == MULTI and not isinstance(value, dict):
-                    continue
-                applied = (apply_joint(base, value, bucket or None) if knob == MULTI
-                           else {**base, knob: freeze(value)})
-                ratio = shape.get(label, {}).get("ratio", screened.get(label))
-                out.append((dispatch.knobs_for(applied, bucket), ratio))
-        if record.get("status") == Status.KEEP and isinstance(record.get("knobs"), dict):
-            incumbent = record["knobs"]
+        if record["kind"] != Kind.PLAYBOOK or knob is None:
+            continue
+        shape = ((first_pass(record) or {}).get(shape_name) or {}).get("vs_incumbent", {})
+        patches = {label: (o.get("value") if "value" in o else None)
+                   for label, o in (record.get("outcomes") or {}).items()}
+        patches.update((record.get("timing") or {}).get("labels") or {})
+        screening = record.get("screening") or {}
+        screened = screening.get("ratios", {}) if screening.get("shape") == shape_name else {}
+        if knob != MULTI and (shape or screened):
+            incumbent = (base if knob == dispatch.KEY
+                         else {**base, knob: freeze(record.get("incumbent_value"))})
+            out.append((dispatch.knobs_for(incumbent, bucket), 1.0))
+        for label, value in patches.items():
+            if knob in (MULTI, dispatch.KEY) and not isinstance(value, dict):
+                continue
+            applied = (apply_joint(base, value, routed) if knob == MULTI
+                       else {**base, knob: value if knob == dispatch.KEY else freeze(value)})
+            ratio = shape.get(label, {}).get("ratio", screened.get(label))
+            out.append((dispatch.knobs_for(applied, bucket), ratio))
     return out
 
 
@@ -376,13 +412,85 @@ def tpe_choose(names: list, space: dict, told: list, allowed: dict, n: int,
 
 
 def joint_tried_since_keep(recs: list[dict]) -> bool:
-    """Whether a joint search ran since the last kept change. A sampled joint search (TPE)
-    that was itself kept counts as not tried: sampling pays there, so the next one samples
-    again, told everything measured so far."""
+    """Whether a joint search ran since the last kept change (a bucket joint search's keep
+    does not count: it changes no bucket the headline's joint search measures). A sampled
+    joint search (TPE) that was itself kept counts as not tried: sampling pays there, so the
+    next one samples again, told everything measured so far."""
     for record in reversed(recs):
         if record["optimization"] == JOINT:
             return not (record["status"] == Status.KEEP
                         and (record.get("sampler") or {}).get("name") == TPE)
-        if record["status"] == Status.KEEP:
+        if record["status"] == Status.KEEP and record["optimization"] != BUCKET_JOINT:
             return False
     return False
+
+
+def bucket_joint_tried(recs: list[dict], bucket: str) -> bool:
+    """Whether a joint search at `bucket` ran since the last kept change other than a bucket
+    joint search (each bucket's is measured once, unless the catalog moves the kernel on)."""
+    for record in reversed(recs):
+        if (record["optimization"] == BUCKET_JOINT
+                and (record.get("sampler") or {}).get("bucket") == bucket):
+            return True
+        if record["status"] == Status.KEEP and record["optimization"] != BUCKET_JOINT:
+            return False
+    return False
+
+
+def benchmark_buckets(recs: list[dict], headline: str) -> list[tuple[str, str]]:
+    """(bucket, its first benchmark shape) for each bucket other than the headline's, in the
+    order of the shapes, from the latest timed experiment."""
+    for record in reversed(recs):
+        shapes = (record.get("timing") or {}).get("shapes")
+        if shapes:
+            break
+    else:
+        return []
+    head = (shapes.get(headline) or {}).get("bucket")
+    out: dict[str, str] = {}
+    for name, shape in shapes.items():
+        bucket = shape.get("bucket")
+        if bucket is not None and bucket != head and not shape.get("held_back"):
+            out.setdefault(bucket, name)
+    return list(out.items())
+
+
+def bucket_joint_plans(recs: list[dict], knobs: dict, headline: str, margin: float,
+                       max_configs: int, interactions: list) -> list[tuple[dict, JointPlan]]:
+    """For each bucket not tried since the last kept change: (the dispatch tables to measure,
+    each the kept table with one joint patch in that bucket's entry; the plan), planned from
+    the one-knob ratios at the bucket's benchmark shape."""
+    out = []
+    for bucket, shape in benchmark_buckets(recs, headline):
+        if bucket_joint_tried(recs, bucket):
+            continue
+        plan = joint_plan(recs, knobs, headline, margin, max_configs, interactions, at=shape)
+        if plan.patches:
+            current = dispatch.table(knobs)
+            out.append(([dispatch.merged(current, {bucket: p}) for p in plan.patches], plan))
+    return out
+
+
+def bucket_joint_row(before: dict | None, after: dict) -> str:
+    """What a bucket joint search's row says: the bucket and the knobs its config moved."""
+    bucket, patch = bucket_entry_change(thaw(before), thaw(after))
+    return f"joint at {bucket}: {show_patch(patch)}"
+
+
+def bucket_entry_change(before: dict | None, after: dict) -> tuple[str, dict]:
+    """(the bucket, the knobs whose values differ in its entry) between two dispatch tables
+    that differ in one bucket: what a bucket joint search's row says it kept or tried."""
+    before = before or {}
+    bucket = next(iter(dispatch.changed_buckets(before, after)), "")
+    old, new = before.get(bucket, {}), after.get(bucket, {})
+    return bucket, {k: v for k, v in new.items() if k not in old or freeze(old[k]) != freeze(v)}
+
+
+def by_headroom(joints: list, shares: dict[str, float] | None, headline: str) -> list:
+    """Joint search suggestions, the one at the shape whose incumbent runs at the smallest
+    share of its physical floor first (the headline's first among equals, and when no floor
+    is known): where the most is left, since the time budget may leave room for one only."""
+    if not shares:
+        return list(joints)
+    return sorted(joints, key=lambda sg: shares.get((sg.sampler or {}).get("shape") or headline,
+                                                    1.0))

@@ -65,6 +65,23 @@ def searches(s: Session, recs: list[records.Experiment] | None = None
                 f"{len(patches)} configs of {', '.join(sorted({k for p in patches for k in p}))}"
                 f", the values within {100 * rules.joint_margin:g}% of the best in one-knob "
                 f"steps, measured together: {plan.said()}", sampler=plan.as_record()))
+    for tables, plan in search.bucket_joint_plans(
+            recs, knobs, s.spec.headline.name, rules.joint_margin, rules.joint_max_configs,
+            list(rules.interactions)):
+        bucket = plan.bucket
+        tables = [t for t in tables if not same(dispatch.knobs_for(knobs, bucket),
+                                                dispatch.knobs_for({**knobs, dispatch.KEY: t},
+                                                                   bucket))]
+        if tables:
+            values = tuple(tables)
+            moved = sorted({k for p in plan.patches for k in p})
+            out.append(decide.Suggestion(
+                search.optimization(search.BUCKET_JOINT, values), values, 0,
+                f"{len(tables)} configs of {', '.join(moved)} at {bucket} only, the values "
+                f"within {100 * rules.joint_margin:g}% of the best at {plan.shape} in one-knob "
+                f"steps, measured together: {plan.said()}",
+                describe=f"at {bucket}: {len(tables)} configs of {', '.join(moved)}",
+                sampler=plan.as_record()))
     return out
 
 
@@ -74,12 +91,15 @@ def suggestions(s: Session) -> list[decide.Suggestion]:
     ranked = catalog(s, recs)
     extra = searches(s, recs)
     first = [sg for sg in extra if sg.optimization.id == search.DISPATCH]
-    joint = [sg for sg in extra if sg.optimization.id == search.JOINT]
-    from perfloop.iteration import stop_inputs  # (iteration imports this module)
+    joint = [sg for sg in extra if sg.optimization.id in (search.JOINT, search.BUCKET_JOINT)]
+    from perfloop.iteration import floor_shares, stop_inputs  # (iteration imports this module)
+
+    joint = search.by_headroom(joint, floor_shares(s, recs), s.spec.headline.name)
 
     iteration, verdicts, searched = stop_inputs(s, recs)
     would_stop = bool(verdicts) and decide.stop_reason(
         iteration, verdicts, s.playbook.rules.stop, len(ranked), searched=searched) is not None
     would_stop |= decide.last_call(tuple(r.finished_at - r.started_at for r in recs),
-                                   s.playbook.rules.stop.time_budget_s)
+                                   s.playbook.rules.stop.time_budget_s,
+                                   min(len(joint), s.playbook.rules.search.budget_reserve))
     return first + (joint + ranked if would_stop else ranked + joint)

@@ -23,8 +23,8 @@ def experiment_line(e: dict) -> str:
     if e["knob"] == "*" and isinstance(e["value"], dict):  # a joint search's patch
         what = f"{e['optimization']}: " + ", ".join(f"{k}={v}" for k, v in e["value"].items())
     if e["describe"]:
-        what = (f"{e['optimization']}: {e['describe']}" if e["optimization"] == "dispatch"
-                else f"agent edit: {e['describe']}")
+        what = (f"agent edit: {e['describe']}" if e["kind"] == "agent"
+                else f"{e['optimization']}: {e['describe']}")
     latency = f"{e['latency_ms']:.6f} ms" if e["latency_ms"] is not None else "    (not timed)"
     return (f"iteration {e['iteration']:<3} {what[:48]:<48} {latency:>14}  {e['correctness'] or '-':<4} "
             f"{e['status']:<6} {e['reason']}")

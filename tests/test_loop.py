@@ -8,7 +8,7 @@ from conftest import git
 
 from perfloop import table
 
-ROW = re.compile(r"^\| \d+ {0,8} \| .{40} \| {0,10}(\d+\.\d{6})? \| (PASS|FAIL) {7} \| "
+ROW = re.compile(r"^\| \d+ {0,8} \| .{40,} \| {0,10}(\d+\.\d{6})? \| (PASS|FAIL) {7} \| "
                  r"(keep|revert|crash) *\|$")
 GAINS = [{"when": {"fast_math": True}, "factor": {"*": 0.8}},
          {"when": {"tile": [1, 2048]}, "factor": {"*": 0.97}},
@@ -38,8 +38,10 @@ def test_run_applies_one_optimization_per_iteration_and_stops_by_the_rules(scrat
         ("baseline", "PASS", "keep"), ("fast_math: fast_math=true", "PASS", "keep"),
         ("tile_shape: tile=1x2048", "PASS", "keep"), ("occupancy: occupancy=8", "PASS", "keep")]
     # before the stop rule ends the run, the joint search measures occupancy (1% from its
-    # best value) together with the tile it interacts with; nothing there beats the incumbent
-    assert len(rows) == 5 and rows[4][1].startswith("joint: ") and rows[4][4] == "revert"
+    # best value) together with the tile it interacts with; nothing there beats the incumbent,
+    # and neither does the small bucket's own joint search
+    assert len(rows) == 6 and rows[4][1].startswith("joint: ") and rows[4][4] == "revert"
+    assert rows[5][1].startswith("joint at small: ") and rows[5][4] == "revert"
     assert all(ROW.match(line) for line in scratch.table().splitlines()[2:])
     recs = scratch.records()
     joint = recs[4]
@@ -60,11 +62,12 @@ def test_run_applies_one_optimization_per_iteration_and_stops_by_the_rules(scrat
     for r in recs:
         assert git(scratch.path, "rev-parse", r["ref"]) == r["commit"]
         assert r["timing"]["method"]["rounds"] == 10 and r["phases_s"]["total"] > 0
-        assert set(r["timing"]["shapes"]) == {"head", "guard", "tail"}
+        held = {"held:head", "held:guard", "held:tail"} if r["knob"] == "dispatch" else set()
+        assert set(r["timing"]["shapes"]) == {"head", "guard", "tail"} | held
     assert git(scratch.path, "status", "--porcelain") == ""
     # the run's result, timed in one process when it stopped: 0.8 * 0.97 * 0.99 at the headline
     [confirmation] = scratch.confirmations()
-    assert confirmation["incumbent"] == scratch.head() and confirmation["after_iteration"] == 4
+    assert confirmation["incumbent"] == scratch.head() and confirmation["after_iteration"] == 5
     head = confirmation["shapes"]["head"]
     assert head["speedup"] == pytest.approx(1 / (0.8 * 0.97 * 0.99), rel=2e-3)
     assert head["speedup_ci"][0] <= head["speedup"] <= head["speedup_ci"][1]

@@ -59,9 +59,9 @@ def test_an_interrupted_run_resumed_ends_where_an_uninterrupted_one_does(scratch
     assert code == -9
     code, out, err = scratch.cli("run", "--kernel", "scripted", "--resume")
     assert code == 0, err
-    _, recs = assert_consistent(scratch, 5)
+    _, recs = assert_consistent(scratch, 6)
     assert [r["optimization"] for r in recs] == ["baseline", "fast_math", "tile_shape", "occupancy",
-                                                 "joint"]
+                                                 "joint", "bucket-joint"]
     assert out["stop_reason"].endswith("stop")
 
 
@@ -121,8 +121,9 @@ def test_ctrl_c_stops_the_run_and_resume_goes_on(scratch):
     assert_consistent(scratch, 1)
     code, out, err = scratch.cli("run", "--kernel", "scripted", "--resume")
     assert code == 0, err
-    _, recs = assert_consistent(scratch, 5)   # ... occupancy, then the joint search
+    _, recs = assert_consistent(scratch, 6)   # ... occupancy, then the joint searches
     assert recs[1]["optimization"] == "fast_math" and recs[4]["optimization"] == "joint"
+    assert recs[5]["optimization"] == "bucket-joint"
 
 
 @pytest.mark.parametrize("kind", ["agent", "playbook"])

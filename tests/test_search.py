@@ -372,6 +372,63 @@ def test_the_last_experiment_a_time_budget_allows_is_known_ahead():
     assert not decide.last_call((100, 120), 600)          # 220 + 2 x 120 fits
     assert decide.last_call((100, 120, 150), 600)         # 370 + 300 does not: one more at most
     assert not decide.last_call((100, 120, 150), None) and not decide.last_call((), 600)
+    # with three joint searches on offer (the headline's and two buckets'), they go first
+    # while the budget still holds all three
+    assert decide.last_call((100, 120), 600, searches=3)       # 220 + 4 x 120 > 600
+    assert not decide.last_call((100, 120), 600, searches=0)
+
+
+def _timed(iteration, knob, status, shape_ratios, bucket="big", knobs=None, value=2,
+          optimization=None, sampler=None):
+    """A one-knob step (or a search experiment) timed at shapes {name: (bucket, ratio)}."""
+    shapes = {name: {"bucket": b, "vs_incumbent": {"candidate-0": {"ratio": r}}}
+              for name, (b, r) in shape_ratios.items()}
+    return {"iteration": iteration, "kind": "playbook", "knob": knob, "status": status,
+            "optimization": optimization or knob, "correctness": "PASS",
+            "incumbent_value": None, "knobs": knobs or {}, "sampler": sampler,
+            "timing": {"labels": {"candidate-0": value}, "shapes": shapes}}
+
+
+def test_a_bucket_reads_its_own_one_knob_ratios_and_skips_knobs_it_dispatched():
+    base = {"iteration": 0, "kind": "baseline", "status": "keep", "optimization": "baseline",
+            "knobs": {"occupancy": None, "rows": 1, "dispatch": {"small": {"rows": 4}}}}
+    recs = [base,
+            _timed(1, "occupancy", "revert", {"head": ("big", 1.05), "guard": ("small", 0.97)}),
+            _timed(2, "rows", "revert", {"head": ("big", 0.99), "guard": ("small", 0.90)})]
+    assert search._measured(recs, "guard") == {"occupancy": {None: 1.0, 2: 0.97}}
+    assert search._measured(recs, "head") == {"occupancy": {None: 1.0, 2: 1.05},
+                                                             "rows": {None: 1.0, 2: 0.99}}
+    assert search.benchmark_buckets(recs, "head") == [("small", "guard")]
+
+
+def test_the_joint_search_where_the_incumbent_is_furthest_from_its_floor_goes_first():
+    def joint(shape=None):
+        return decide.Suggestion(search.optimization(search.JOINT, ()), (), 0, "",
+                                 sampler={"shape": shape} if shape else {"name": "all"})
+
+    offered = [joint(), joint("wide"), joint("tail")]
+    shares = {"head": 0.77, "wide": 0.53, "tail": 0.58}
+    assert [sg.sampler.get("shape") for sg in search.by_headroom(offered, shares, "head")] == [
+        "wide", "tail", None]
+    assert search.by_headroom(offered, None, "head") == offered   # no floor known: as offered
+    level = {"head": 0.9, "wide": 0.9, "tail": 0.95}
+    assert search.by_headroom(offered, level, "head")[0] is offered[0]
+
+
+def test_each_buckets_joint_search_runs_once_until_the_catalog_keeps_a_change():
+    shapes = {"head": ("big", 1.0)}
+    tried = [_timed(1, "dispatch", "keep", shapes, optimization="bucket-joint",
+                   sampler={"bucket": "small"})]
+    assert search.bucket_joint_tried(tried, "small")
+    assert not search.bucket_joint_tried(tried, "wide")
+    later = tried + [_timed(2, "dispatch", "keep", shapes, optimization="bucket-joint",
+                           sampler={"bucket": "wide"})]
+    assert search.bucket_joint_tried(later, "small")      # a bucket's keep resets no other
+    moved_on = later + [_timed(3, "occupancy", "keep", shapes)]
+    assert not search.bucket_joint_tried(moved_on, "small")
+    # and a bucket's keep does not offer the headline's joint search again
+    joint = _timed(1, "*", "revert", shapes, optimization="joint")
+    assert search.joint_tried_since_keep([joint, *later[:1]])
 
 
 def test_only_catalog_experiments_count_towards_the_no_improvement_streak():
@@ -553,6 +610,50 @@ def test_many_candidates_are_screened_at_the_headline_and_the_fastest_few_go_on(
         label for label, o in rec["outcomes"].items() if o["outcome"] == "ok"}
 
 
+# fast_math and occupancy 2 gain nothing alone anywhere (fast_math costs 10% in "big"), but
+# together run the small bucket 28% faster; persistent costs 2% there (10% in "big")
+BIG_10 = {"head": 1.1, "tail": 1.1, "held:head": 1.1, "held:tail": 1.1}
+TOGETHER_SMALL = [
+    {"when": {"fast_math": True}, "factor": BIG_10},
+    {"when": {"fast_math": True, "occupancy": 2}, "factor": {"guard": 0.72, "held:guard": 0.72}},
+    {"when": {"persistent": True}, "factor": {**BIG_10, "guard": 1.02, "held:guard": 1.02}}]
+
+
+def test_a_config_that_wins_only_in_another_bucket_is_found_by_its_own_joint_search(scratch):
+    scratch.script(TOGETHER_SMALL)
+    scratch.commit_all("script")
+    assert scratch.cli("init", "--kernel", "scripted")[0] == 0
+    for opt in ("fast_math", "occupancy", "persistent"):
+        code, out, err = scratch.cli("step", "--kernel", "scripted", "--opt", opt)
+        assert code == 0 and out["experiment"]["status"] == "revert", err
+    # no one-knob value won the small bucket; its own joint search is on offer (beside the
+    # headline's, of occupancy and persistent, without fast_math, which lost 10% there)
+    code, out, _ = scratch.cli("next", "--kernel", "scripted")
+    offered = {sg["id"]: sg for sg in out["suggestions"]}
+    assert "fast_math" not in offered["joint"]["reason"]
+    assert "fast_math" in offered["bucket-joint"]["reason"]
+    code, out, err = scratch.cli("step", "--kernel", "scripted", "--opt", "bucket-joint")
+    assert code == 0, err
+    rec = scratch.records()[-1]
+    # every config of fast_math x occupancy x persistent moving two knobs or more (16), as
+    # dispatch tables that change the small bucket only, screened at its shape
+    assert rec["optimization"] == "bucket-joint" and len(rec["candidates"]) == 16
+    assert all(set(t) == {"small"} for t in rec["candidates"])
+    assert rec["sampler"]["shape"] == "guard" and rec["sampler"]["bucket"] == "small"
+    assert rec["screening"]["shape"] == "guard" and len(rec["screening"]["ratios"]) == 16
+    assert rec["status"] == "keep" and rec["decision"]["gain"] == pytest.approx(0.28, abs=0.01)
+    assert rec["knobs"]["dispatch"] == {"small": {"fast_math": True, "occupancy": 2}}
+    assert rec["knobs"]["fast_math"] is False        # the headline's knobs are untouched
+    assert any(sh["held_back"] and sh["bucket"] == "small"
+               for sh in rec["timing"]["shapes"].values())
+    assert "joint at small: fast_math=true, occupancy=2" in scratch.table()
+    # measured once: not offered again, and `step` says why in one line
+    code, out, _ = scratch.cli("next", "--kernel", "scripted")
+    assert "bucket-joint" not in [sg["id"] for sg in out["suggestions"]]
+    code, out, _ = scratch.cli("step", "--kernel", "scripted", "--opt", "bucket-joint")
+    assert code == 2 and "no bucket-joint experiment" in out["error"]
+
+
 def test_warmers_build_and_launch_each_variant_in_their_own_processes(tmp_path):
     """perfloop.warm, as the iteration starts it for GPU kernels while the judge runs."""
     import os
@@ -579,6 +680,17 @@ def test_warmers_build_and_launch_each_variant_in_their_own_processes(tmp_path):
     time.sleep(1)
     assert phases.stop_warmers(running) == 1           # the one with the hanging variant was
     assert all(r.proc.poll() is not None for r in running)   # still at it, and is stopped
+    # before a screening, perfloop waits for them: for the ones that finish, and no longer
+    # than it was told for one that hangs
+    running = phases.start_warmers(variants, shapes, processes=2, contract=folder,
+                                   work=tmp_path, cwd=ROOT, env=env)
+    started = time.monotonic()
+    assert phases.wait_warmers(running, started + 5) == 1
+    assert 5 <= time.monotonic() - started < 10
+    assert all(r.proc.poll() is not None for r in running)
+    running = phases.start_warmers(variants[:3], shapes, processes=2, contract=folder,
+                                   work=tmp_path, cwd=ROOT, env=env)
+    assert phases.wait_warmers(running, time.monotonic() + 60) == 2
 
 
 def test_row_bucket_is_the_dtype_and_the_row_widths_power_of_two():

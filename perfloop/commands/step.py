@@ -41,7 +41,9 @@ def _search_proposal(s: Session, opt_id: str, value_text: str | None) -> Proposa
     if found is None:
         why = ("the last experiment won on no bucket of shapes against what is in force"
                if opt_id == search.DISPATCH else "fewer than two knobs have values worth "
-               "measuring together, or it ran since the last kept change")
+               "measuring together" + (" at any bucket but the headline's" if opt_id ==
+                                       search.BUCKET_JOINT else "") +
+               ", or it ran since the last kept change")
         raise UserError(f"no {opt_id} experiment to run now: {why}")
     if value_text is not None:
         raise UserError(f"--value does not go with --opt {opt_id}: its values come from the record")
