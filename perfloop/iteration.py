@@ -177,6 +177,8 @@ def _run(s: Session, proposal: Proposal) -> records.Experiment:
         [sh.as_dict() for sh in shapes], rules, contract=contract_dir,
         tolerance=s.spec.tolerance, headline=_screen_shape(s, proposal).name,  # (chooses)
         ceilings_cache=s.ceilings_cache, work=work, cwd=s.root, env=env,
+        only_buckets=_touched_buckets(proposal, incumbent_knobs),
+        always=[s.spec.headline.name],
         checked=[INCUMBENT] if proposal.kind == Kind.BASELINE else None) if candidates else None
 
     warm = [variants[0]] + (candidates if proposal.kind != Kind.BASELINE else [])
@@ -380,6 +382,15 @@ def _apply_timing(outcome: dict, timing: phases.Timing, kind: Kind) -> None:
                               why["reason"])
 
 
+def _touched_buckets(proposal: Proposal, incumbent_knobs: dict) -> list[str] | None:
+    """The buckets a change of the dispatch table touches, in any of its candidates (None for
+    any other experiment): only their shapes, and the headline, are timed."""
+    if not _is_dispatch(proposal):
+        return None
+    before = dispatch.table(incumbent_knobs)
+    return sorted({b for v in proposal.values for b in dispatch.changed_buckets(before, thaw(v))})
+
+
 def _is_dispatch(proposal: Proposal) -> bool:
     """A change of the dispatch table: a dispatch or a bucket joint search."""
     return proposal.kind == Kind.PLAYBOOK and proposal.optimization.knob == dispatch.KEY
@@ -473,15 +484,13 @@ def verdicts(recs: list[records.Experiment]) -> list[decide.Verdict]:
 
 
 def floor_shares(s: Session, recs: list[records.Experiment]) -> dict[str, float] | None:
-    """The incumbent's share of the physical floor per benchmark shape, from the experiment
-    that made it the incumbent (None where a shape has no floor, e.g. on the CPU)."""
-    made = next((r for r in reversed(recs) if r.status == Status.KEEP
-                 and r.commit == s.state.incumbent and r.timing), None)
-    if made is None:
-        return None
-    label = made.timing["chosen"]
-    shares = {name: shape["variants"].get(label, {}).get("share_of_floor")
-              for name, shape in made.timing["shapes"].items() if not shape.get("held_back")}
+    """The incumbent's share of the physical floor per benchmark shape, each from the latest
+    experiment in the incumbent's line that timed it (review.incumbent_timed; None where a
+    shape has no floor, e.g. on the CPU)."""
+    from perfloop import review
+
+    shares = {sh.name: (review.incumbent_timed(recs, s.state.incumbent, sh.name)[1] or {}
+                        ).get("share_of_floor") for sh in s.spec.shapes}
     return shares if shares and None not in shares.values() else None
 
 

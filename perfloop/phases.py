@@ -260,11 +260,16 @@ def _launch(pending: Pending, variants: list[dict], go: dict | None) -> tuple:
 
 def start_timing(variants: list[dict], shapes: list[dict], rules: Rules, *, contract: Path,
                  tolerance: dict, headline: str, ceilings_cache: Path, work: Path, cwd: Path,
-                 env: dict, checked: list[str] | None = None) -> Pending:
+                 env: dict, checked: list[str] | None = None,
+                 only_buckets: list[str] | None = None, always: list[str] = ()) -> Pending:
     """Start the worker for these variants (the incumbent and its control first). `checked`
     names the variants whose outputs and streams are checked (default: all but the incumbent
-    and its control)."""
+    and its control). `only_buckets`: time only the shapes in these buckets (by the kernel's
+    bucket()) and those named in `always`: a change of the dispatch table leaves every other
+    bucket's code as it was."""
     common = {"shapes": shapes, "measure": vars(rules.measure),
+              **({"only_buckets": list(only_buckets), "always": list(always)}
+                 if only_buckets is not None else {}),
               "max_fresh_ratio": rules.verify.max_fresh_ratio, "contract_folder": str(contract),
               "regression_tolerance": rules.decision.regression_tolerance,
               "tolerance": tolerance, "headline": headline, "ceilings_cache": str(ceilings_cache),

@@ -100,6 +100,23 @@ def incumbent_record(recs: list[Experiment], commit: str) -> Experiment | None:
                  if r.status == Status.KEEP and r.commit == commit and r.timing), None)
 
 
+def incumbent_timed(recs: list[Experiment], incumbent: str, shape: str
+                    ) -> tuple[Experiment | None, dict | None]:
+    """The incumbent's statistics at `shape` and the experiment they come from: the one that
+    made it the incumbent, or, where that one did not time the shape (a dispatch change times
+    only the buckets it touches, and the headline), the kept experiment before it, and so on
+    back: a dispatch change leaves the other buckets' code as it was."""
+    by_commit = {r.commit: r for r in recs if r.status == Status.KEEP and r.timing}
+    record = by_commit.get(incumbent)
+    while record is not None:
+        stats = timed(record, shape)
+        if stats is not None:
+            return record, stats
+        before = record.extra.get("incumbent_before")
+        record = by_commit.get(before) if before != record.commit else None
+    return None, None
+
+
 def timed(record: Experiment | None, shape: str, label: str | None = None) -> dict | None:
     """The variant's statistics at `shape` in the record's deciding pass (default: the chosen
     variant), with the shape's floor."""
@@ -136,12 +153,12 @@ def shapes(recs: list[Experiment], names: list[str], incumbent: str,
     """Per benchmark shape (`names`, in the kernel's order): the baseline's and the incumbent's
     medians (each from its own experiment, so from different processes), their shares of the
     physical floor, the one-process speedup when confirmed, and the last bench's competitors."""
-    best = incumbent_record(recs, incumbent)
     confirmed = confirmation.shapes if confirmation else {}
     rivals = competitors(bench)
     out = []
     for name in names:
-        base, inc = timed(recs[0], name), timed(best, name)
+        best, inc = incumbent_timed(recs, incumbent, name)
+        base = timed(recs[0], name)
         one = confirmed.get(name)
         out.append({
             "shape": name, "headline": name == headline,

@@ -439,19 +439,14 @@ def bucket_joint_tried(recs: list[dict], bucket: str) -> bool:
 
 def benchmark_buckets(recs: list[dict], headline: str) -> list[tuple[str, str]]:
     """(bucket, its first benchmark shape) for each bucket other than the headline's, in the
-    order of the shapes, from the latest timed experiment."""
-    for record in reversed(recs):
-        shapes = (record.get("timing") or {}).get("shapes")
-        if shapes:
-            break
-    else:
-        return []
-    head = (shapes.get(headline) or {}).get("bucket")
+    order the record first timed them (the baseline times every shape, in the kernel's order)."""
+    head = headline_bucket(recs, headline)
     out: dict[str, str] = {}
-    for name, shape in shapes.items():
-        bucket = shape.get("bucket")
-        if bucket is not None and bucket != head and not shape.get("held_back"):
-            out.setdefault(bucket, name)
+    for record in recs:
+        for name, shape in ((record.get("timing") or {}).get("shapes") or {}).items():
+            bucket = shape.get("bucket")
+            if bucket is not None and bucket != head and not shape.get("held_back"):
+                out.setdefault(bucket, name)
     return list(out.items())
 
 

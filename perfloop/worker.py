@@ -250,12 +250,25 @@ class Worker:
             active = [label for label in labels if label not in self.failed]
             if INCUMBENT not in active:
                 break
-            shapes[shape.name] = self._time_shape(shape, active, seed, index, settings)
+            timed = self._time_shape(shape, active, seed, index, settings)
+            if timed is not None:
+                shapes[shape.name] = timed
         return {"labels": labels, "shapes": shapes}
 
+    def _skipped(self, shape: Shape, inputs) -> bool:
+        """A shape outside the buckets a dispatch change touches (spec "only_buckets"), and not
+        named in "always", runs the incumbent's code in every variant: not timed."""
+        only = self.spec.get("only_buckets")
+        if only is None or shape.name in self.spec.get("always", ()) \
+                or not hasattr(self.contract, "bucket"):
+            return False
+        return self.contract.bucket(inputs) not in only
+
     def _time_shape(self, shape: Shape, labels: list[str], seed: int, index: int,
-                    settings: Measure) -> dict:
+                    settings: Measure) -> dict | None:
         inputs = self.contract.make_inputs(shape, seed, self.device)
+        if self._skipped(shape, inputs):
+            return None
         out = self.contract.empty_output(inputs)
         tolerance = self.spec.get("tolerance", {})
         try:  # a hook declared wrongly voids the benchmark, not one variant
