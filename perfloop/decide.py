@@ -98,21 +98,25 @@ def decide(outcome: Outcome, rules: DecisionRules) -> Verdict:
 def stop_reason(iteration: int, verdicts: list[Verdict], rules: Stop, remaining: int,
                 searched: list[bool] | None = None, searches: int = 0,
                 floor_shares: dict[str, float] | None = None,
-                spent_s: tuple[float, ...] = ()) -> vocab.Stop | None:
+                spent_s: tuple[float, ...] = (), next_s: float | None = None
+                ) -> vocab.Stop | None:
     """Why the loop stops after `iteration` (None: go on). `verdicts` excludes the baseline;
     `searched` flags the verdicts of search experiments (dispatch, joint), which close a run:
     while `searches` of them are on offer, only the iteration limit and the roofline stop it.
     `floor_shares`: the incumbent's share of the physical floor per shape. `spent_s`: the
-    wall time of each experiment so far, baseline included."""
+    wall time of each experiment so far, baseline included; `next_s`: the next one's estimate
+    (perfloop.budget; None: as long as the slowest so far; 0: there is none)."""
     if iteration >= rules.max_iterations:
         return vocab.Stop(StopReason.MAX_ITERATIONS,
                           f"reached the iteration limit ({rules.max_iterations})")
     budget = rules.time_budget_s
-    if budget and spent_s and sum(spent_s) + max(spent_s) > budget:
-        return vocab.Stop(StopReason.TIME_BUDGET,
-                          f"time budget: {sum(spent_s):.0f} s of experiments spent, and one "
-                          f"more as long as the slowest ({max(spent_s):.0f} s) would pass the "
-                          f"{budget:g} s budget")
+    if budget and spent_s:
+        ahead = max(spent_s) if next_s is None else next_s
+        if ahead and sum(spent_s) + ahead > budget:  # (0: nothing next; other rules say so)
+            return vocab.Stop(StopReason.TIME_BUDGET,
+                              f"time budget: {sum(spent_s):.0f} s of experiments spent, and the "
+                              f"next, estimated at {ahead:.0f} s, would pass the {budget:g} s "
+                              "budget")
     share = rules.roofline_share
     if share and floor_shares and min(floor_shares.values()) >= share:
         worst = min(floor_shares, key=floor_shares.get)
@@ -143,14 +147,6 @@ def stop_reason(iteration: int, verdicts: list[Verdict], rules: Stop, remaining:
 
 
 NOTHING_LEFT = vocab.Stop(StopReason.NOTHING_LEFT, "nothing left to try")
-
-
-def last_call(spent_s: tuple[float, ...], budget: float | None, searches: int = 1) -> bool:
-    """Whether the time budget leaves room for no more experiments (each as long as the
-    slowest so far) than the `searches` (joint searches) on offer: they then go before the
-    catalog, since they build on all that was measured."""
-    return bool(budget and spent_s and searches
-                and sum(spent_s) + (1 + searches) * max(spent_s) > budget)
 
 
 @dataclass(frozen=True)

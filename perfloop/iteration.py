@@ -18,8 +18,8 @@ import hashlib
 import time
 from dataclasses import asdict, dataclass
 
-from perfloop import (audit, ceilings, decide, dispatch, gitops, phases, progress, records, search,
-                      table, traffic)
+from perfloop import (audit, ceilings, decide, dispatch, gitops, phases, progress, records, review,
+                      search, table, traffic)
 from perfloop.errors import UserError
 from perfloop.faults import crashpoint
 from perfloop.kernel import KNOBS, knobs_text
@@ -56,25 +56,6 @@ def label_for(value_index: int) -> str:
     return f"candidate-{value_index}"
 
 
-def _row_name(record: records.Experiment) -> str:
-    if record.kind == Kind.BASELINE:
-        return "baseline"
-    if record.kind == Kind.AGENT:
-        return record.describe
-    if record.optimization == search.DISPATCH:
-        return f"dispatch: {record.describe}"
-    if record.optimization == search.BUCKET_JOINT:
-        return search.bucket_joint_row(record.extra.get("incumbent_value"), record.value)
-    return f"{record.optimization}: {_setting(record.knob, record.value)}"
-
-
-def _setting(knob: str, value) -> str:
-    """knob=value, or for a patch of several knobs (joint search) each of them."""
-    if knob == search.MULTI:
-        return search.show_patch(value)
-    return f"{knob}={search.show_value(value)}"
-
-
 def _variants(s: Session, proposal: Proposal, incumbent_dir, incumbent_knobs) -> list[dict]:
     incumbent = {"label": INCUMBENT, "folder": incumbent_dir, "knobs": incumbent_knobs}
     if proposal.kind == Kind.BASELINE:
@@ -103,7 +84,7 @@ def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _commit_message(s: Session, proposal: Proposal, iteration: int, value) -> str:
+def _commit_message(proposal: Proposal, iteration: int, value, incumbent_knobs: dict) -> str:
     if proposal.kind == Kind.AGENT:
         return f"perfloop: iteration {iteration}: agent edit: {proposal.describe}"
     opt = proposal.optimization
@@ -111,8 +92,8 @@ def _commit_message(s: Session, proposal: Proposal, iteration: int, value) -> st
         return f"perfloop: iteration {iteration}: dispatch: {proposal.describe}"
     if opt.id == search.BUCKET_JOINT:
         return (f"perfloop: iteration {iteration}: "
-                f"{search.bucket_joint_row(s.incumbent_knobs().get(opt.knob), value)}")
-    return f"perfloop: iteration {iteration}: {opt.id} ({_setting(opt.knob, thaw(value))})"
+                f"{search.bucket_joint_row(incumbent_knobs.get(opt.knob), value)}")
+    return f"perfloop: iteration {iteration}: {opt.id} ({review.setting(opt.knob, thaw(value))})"
 
 
 def _commit(s: Session, message: str) -> str:
@@ -146,7 +127,7 @@ def _run(s: Session, proposal: Proposal) -> records.Experiment:
     s.save_state()
     if proposal.kind == Kind.AGENT:
         t = time.monotonic()
-        _commit(s, _commit_message(s, proposal, iteration, None))
+        _commit(s, _commit_message(proposal, iteration, None, {}))
         phase_s["commit"] = phases.elapsed(t)
     crashpoint("started", iteration)
 
@@ -160,6 +141,7 @@ def _run(s: Session, proposal: Proposal) -> records.Experiment:
     proposed = list(candidates)
     values = dict(zip((v["label"] for v in proposed), proposal.values))
     shapes = s.spec.shapes + (s.spec.held_back if _is_dispatch(proposal) else ())
+    choosing = _screen_shape(s, proposal)  # where it is screened and its fastest chosen
     env = phases.child_env(s.playbook_dir)
     allowed = [s.spec.folder, work]  # what children may import from inside the repository
     control = dict(variants[0], label=CONTROL)
@@ -168,14 +150,14 @@ def _run(s: Session, proposal: Proposal) -> records.Experiment:
     if proposal.kind == Kind.PLAYBOOK and len(candidates) > rules.search.screen_above:
         t = time.monotonic()
         screened, screen_ratios = _screen(s, variants, contract_dir, work, env, deadline,
-                                          allowed, _screen_shape(s, proposal), phase_s)
+                                          allowed, choosing, phase_s)
         phase_s["screen"] = phases.elapsed(t)
         candidates = [v for v in candidates if v["label"] not in screened]
         variants = [variants[0]] + candidates
     timer = phases.start_timing(  # it gets ready while the judge runs
         [variants[0], control] + (candidates if proposal.kind != Kind.BASELINE else []),
         [sh.as_dict() for sh in shapes], rules, contract=contract_dir,
-        tolerance=s.spec.tolerance, headline=_screen_shape(s, proposal).name,  # (chooses)
+        tolerance=s.spec.tolerance, headline=choosing.name,
         ceilings_cache=s.ceilings_cache, work=work, cwd=s.root, env=env,
         only_buckets=_touched_buckets(proposal, incumbent_knobs),
         always=[s.spec.headline.name],
@@ -249,7 +231,7 @@ def _run(s: Session, proposal: Proposal) -> records.Experiment:
         state.in_flight["knobs_sha256"] = _sha256(text)
         s.save_state()
         (s.spec.folder / KNOBS).write_text(text, encoding="utf-8")
-        commit = _commit(s, _commit_message(s, proposal, iteration, value))
+        commit = _commit(s, _commit_message(proposal, iteration, value, incumbent_knobs))
     phase_s["commit"] = phase_s.get("commit", 0) + phases.elapsed(t)
     crashpoint("commit", iteration)
 
@@ -283,7 +265,7 @@ def _run(s: Session, proposal: Proposal) -> records.Experiment:
     if proposal.sampler:  # a joint search: what chose its configs, out of how many
         line["sampler"] = proposal.sampler
     if screen_ratios:  # every candidate's ratio where it was screened (the headline's)
-        line["screening"] = {"shape": _screen_shape(s, proposal).name, "ratios": screen_ratios}
+        line["screening"] = {"shape": choosing.name, "ratios": screen_ratios}
     record = records.Experiment.from_dict(line)  # (what is written is what resume reads)
     records.append(s.records_path, record)
     crashpoint("record", iteration)
@@ -462,7 +444,7 @@ def finish(s: Session, record: records.Experiment) -> None:
     rows = table.read_rows(s.table_path)
     if len(rows) == iteration:
         table.append_row(s.table_path, table.format_row(
-            iteration, _row_name(record), record.latency_ms, record.correctness, record.status))
+            iteration, review.what(record), record.latency_ms, record.correctness, record.status))
     crashpoint("table", iteration)
     state.in_flight = None
     state.stop = _stop_after(s, record)
@@ -487,7 +469,6 @@ def floor_shares(s: Session, recs: list[records.Experiment]) -> dict[str, float]
     """The incumbent's share of the physical floor per benchmark shape, each from the latest
     experiment in the incumbent's line that timed it (review.incumbent_timed; None where a
     shape has no floor, e.g. on the CPU)."""
-    from perfloop import review
 
     shares = {sh.name: (review.incumbent_timed(recs, s.state.incumbent, sh.name)[1] or {}
                         ).get("share_of_floor") for sh in s.spec.shapes}
@@ -502,18 +483,20 @@ def stop_inputs(s: Session, recs: list[records.Experiment]) -> tuple:
 
 
 def _stop_after(s: Session, record: records.Experiment) -> Stop | None:
-    from perfloop.suggest import catalog, searches
+    from perfloop.suggest import catalog, estimate, searches, suggestions
 
     if record.kind == Kind.BASELINE and record.status != Status.KEEP:
         return Stop(StopReason.BASELINE_FAILED,
                     f"the baseline did not pass ({record.reason}); fix the kernel first")
     recs = s.records()
     iteration_, verdicts_, searched = stop_inputs(s, recs)
+    ahead = suggestions(s)[:1] if s.playbook.rules.stop.time_budget_s else []
     return decide.stop_reason(iteration_, verdicts_, s.playbook.rules.stop,
                               len(catalog(s, recs)) if verdicts_ else 1, searched=searched,
                               searches=len(searches(s, recs)),
                               floor_shares=floor_shares(s, recs),
-                              spent_s=tuple(r.finished_at - r.started_at for r in recs))
+                              spent_s=tuple(r.finished_at - r.started_at for r in recs),
+                              next_s=estimate(s, recs, ahead[0]) if ahead else 0.0)
 
 
 def recover(s: Session) -> Proposal | None:

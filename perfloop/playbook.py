@@ -66,6 +66,7 @@ class Search:
     screen_rounds: int = 3
     dispatch: bool = True           # false: no per-bucket dispatch (one-knob steps and joint only)
     budget_reserve: int = 2         # joint searches the time budget keeps room for at the end
+    screen_s_per_config: float = 1.7  # screening's estimate before the run has screened
 
 
 @dataclass(frozen=True)

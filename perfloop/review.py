@@ -12,7 +12,8 @@ from __future__ import annotations
 from perfloop import dispatch
 from perfloop.records import Confirmation, Experiment
 from perfloop.playbook import freeze
-from perfloop.search import BUCKET_JOINT, bucket_joint_row, show_value
+from perfloop.search import (BUCKET_JOINT, DISPATCH, MULTI, bucket_joint_row, show_patch,
+                             show_value)
 from perfloop.vocab import Correctness, Kind, Status
 ONE_PROCESS = "one-process confirmation"
 # bench's label of the kernel itself, and of its second timing (the A/A control)
@@ -51,12 +52,19 @@ def what(record: Experiment) -> str:
     if record.kind == Kind.BASELINE:
         return "baseline"
     if record.kind == Kind.AGENT:
-        return f"agent edit: {record.describe}"
+        return record.describe
+    if record.optimization == DISPATCH:
+        return f"dispatch: {record.describe}"
     if record.optimization == BUCKET_JOINT:
         return bucket_joint_row(record.extra.get("incumbent_value"), record.value)
-    if record.describe:
-        return f"{record.optimization}: {record.describe}"
-    return record.optimization
+    return f"{record.optimization}: {setting(record.knob, record.value)}"
+
+
+def setting(knob: str, value) -> str:
+    """knob=value, or for a patch of several knobs (joint search) each of them."""
+    if knob == MULTI:
+        return show_patch(value)
+    return f"{knob}={show_value(value)}"
 
 
 def journey(recs: list[Experiment]) -> list[dict]:
@@ -68,7 +76,8 @@ def journey(recs: list[Experiment]) -> list[dict]:
             continue
         changes = knob_changes(knobs, record.knobs)
         out.append({"iteration": record.iteration, "kind": record.kind,
-                    "optimization": record.optimization, "what": what(record),
+                    "optimization": record.optimization,
+                    "what": ("agent edit: " if record.kind == Kind.AGENT else "") + what(record),
                     "changes": [{**c, "old": _json(c["old"]), "new": _json(c["new"])}
                                 for c in changes],
                     "diff": "; ".join(map(show_change, changes)) or

@@ -455,15 +455,22 @@ def bucket_joint_plans(recs: list[dict], knobs: dict, headline: str, margin: flo
     """For each bucket not tried since the last kept change: (the dispatch tables to measure,
     each the kept table with one joint patch in that bucket's entry; the plan), planned from
     the one-knob ratios at the bucket's benchmark shape."""
-    out = []
+    out, current = [], dispatch.table(knobs)
     for bucket, shape in benchmark_buckets(recs, headline):
         if bucket_joint_tried(recs, bucket):
             continue
         plan = joint_plan(recs, knobs, headline, margin, max_configs, interactions, at=shape)
         if plan.patches:
-            current = dispatch.table(knobs)
             out.append(([dispatch.merged(current, {bucket: p}) for p in plan.patches], plan))
     return out
+
+
+def builds_other(knobs: dict, changed: dict, bucket: str | None, same) -> bool:
+    """Whether `changed` builds another kernel than `knobs` at `bucket` (None: the plain
+    values), by the kernel's canonical() (`same`): what builds the incumbent's is never
+    measured."""
+    return not same(dispatch.knobs_for(knobs, bucket or ""),
+                    dispatch.knobs_for(changed, bucket or ""))
 
 
 def bucket_joint_row(before: dict | None, after: dict) -> str:

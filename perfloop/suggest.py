@@ -4,7 +4,7 @@ search, which goes first once a stop rule would otherwise end the run."""
 
 from __future__ import annotations
 
-from perfloop import decide, dispatch, knobspace, profile_rank, profiling, records, search
+from perfloop import budget, decide, dispatch, knobspace, profile_rank, profiling, records, search
 from perfloop.session import Session
 from perfloop.vocab import Kind
 
@@ -55,9 +55,8 @@ def searches(s: Session, recs: list[records.Experiment] | None = None
         plan = search.joint_plan(recs, knobs, s.spec.headline.name, rules.joint_margin,
                                  rules.joint_max_configs, list(rules.interactions))
         where = search.headline_bucket(recs, s.spec.headline.name)
-        patches = [p for p in plan.patches if not same(
-            dispatch.knobs_for(knobs, where or ""),
-            dispatch.knobs_for(search.apply_joint(knobs, p, where), where or ""))]
+        patches = [p for p in plan.patches
+                   if search.builds_other(knobs, search.apply_joint(knobs, p, where), where, same)]
         if patches:
             values = tuple(patches)
             out.append(decide.Suggestion(
@@ -69,9 +68,8 @@ def searches(s: Session, recs: list[records.Experiment] | None = None
             recs, knobs, s.spec.headline.name, rules.joint_margin, rules.joint_max_configs,
             list(rules.interactions)):
         bucket = plan.bucket
-        tables = [t for t in tables if not same(dispatch.knobs_for(knobs, bucket),
-                                                dispatch.knobs_for({**knobs, dispatch.KEY: t},
-                                                                   bucket))]
+        tables = [t for t in tables
+                  if search.builds_other(knobs, {**knobs, dispatch.KEY: t}, bucket, same)]
         if tables:
             values = tuple(tables)
             moved = sorted({k for p in plan.patches for k in p})
@@ -99,7 +97,21 @@ def suggestions(s: Session) -> list[decide.Suggestion]:
     iteration, verdicts, searched = stop_inputs(s, recs)
     would_stop = bool(verdicts) and decide.stop_reason(
         iteration, verdicts, s.playbook.rules.stop, len(ranked), searched=searched) is not None
-    would_stop |= decide.last_call(tuple(r.finished_at - r.started_at for r in recs),
-                                   s.playbook.rules.stop.time_budget_s,
-                                   min(len(joint), s.playbook.rules.search.budget_reserve))
+    # the joint searches go first, too, when the budget has room for little more than them
+    reserve = joint[:s.playbook.rules.search.budget_reserve]
+    would_stop |= budget.over(spent(recs), [estimate(s, recs, sg) for sg in first + ranked[:1]
+                                            + reserve], s.playbook.rules.stop.time_budget_s)
     return first + (joint + ranked if would_stop else ranked + joint)
+
+
+def spent(recs: list[records.Experiment]) -> list[budget.Spent]:
+    return [budget.spent(r) for r in recs]
+
+
+def estimate(s: Session, recs: list[records.Experiment], sg: decide.Suggestion) -> float:
+    """Seconds the experiment `sg` is expected to take, by the run's record (perfloop.budget)."""
+    rules = s.playbook.rules.search
+    return budget.estimate_s(budget.kind_of(sg.optimization.id), len(sg.candidates),
+                             spent(recs), screen_above=rules.screen_above,
+                             screen_keep=rules.screen_keep,
+                             screen_s_per_config=rules.screen_s_per_config)

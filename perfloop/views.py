@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from perfloop import confirm, records
+from perfloop import confirm, records, review
 from perfloop.session import Session
 from perfloop.vocab import Status, Stop
 
@@ -13,18 +13,14 @@ def experiment(record: records.Experiment) -> dict:
     return {"iteration": record.iteration, "kind": record.kind,
             "optimization": record.optimization, "knob": record.knob,
             "value": record.value, "describe": record.describe or None,
+            "what": review.what(record),   # as the table's row names it
             "status": record.status, "correctness": record.correctness,
             "latency_ms": record.latency_ms, "gain": record.gain,
             "reason": record.reason, "commit": record.commit, "ref": record.ref}
 
 
 def experiment_line(e: dict) -> str:
-    what = e["optimization"] if e["knob"] is None else f"{e['optimization']}: {e['knob']}={e['value']}"
-    if e["knob"] == "*" and isinstance(e["value"], dict):  # a joint search's patch
-        what = f"{e['optimization']}: " + ", ".join(f"{k}={v}" for k, v in e["value"].items())
-    if e["describe"]:
-        what = (f"agent edit: {e['describe']}" if e["kind"] == "agent"
-                else f"{e['optimization']}: {e['describe']}")
+    what = f"agent edit: {e['what']}" if e["kind"] == "agent" else e["what"]
     latency = f"{e['latency_ms']:.6f} ms" if e["latency_ms"] is not None else "    (not timed)"
     return (f"iteration {e['iteration']:<3} {what[:48]:<48} {latency:>14}  {e['correctness'] or '-':<4} "
             f"{e['status']:<6} {e['reason']}")

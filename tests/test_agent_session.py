@@ -4,8 +4,8 @@ from conftest import git
 
 STEP_KEYS = {"schema", "command", "ok", "experiment", "incumbent", "stopped", "stopped_by",
              "next"}
-EXPERIMENT_KEYS = {"iteration", "kind", "optimization", "knob", "value", "describe", "status",
-                   "correctness", "latency_ms", "gain", "reason", "commit", "ref"}
+EXPERIMENT_KEYS = {"iteration", "kind", "optimization", "knob", "value", "describe", "what",
+                   "status", "correctness", "latency_ms", "gain", "reason", "commit", "ref"}
 SUGGESTION_KEYS = {"id", "title", "family", "knob", "candidates", "rank", "reason"}
 STATUS_KEYS = {"schema", "command", "ok", "kernel", "run_id", "branch", "kernel_class",
                "intensity_flop_per_byte", "class_basis", "base_commit", "incumbent",

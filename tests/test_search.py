@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from perfloop import decide, dispatch, knobspace, measure, search, vocab
+from perfloop import budget, decide, dispatch, knobspace, measure, search, vocab
 from perfloop.errors import UserError
 from perfloop.playbook import SHIPPED, Decision, Measure, Stop, load
 from perfloop.stats import Comparison
@@ -366,20 +366,83 @@ def test_a_run_stops_before_an_experiment_that_would_pass_its_time_budget():
     reason = decide.stop_reason(3, [KEEP, KEEP], timed, 5, searches=1, spent_s=(100, 280, 120))
     assert reason.reason is StopReason.TIME_BUDGET and "600 s" in reason.detail
     assert decide.stop_reason(3, [KEEP, KEEP], STOP, 5, spent_s=(100, 280, 120)) is None
+    # with the next experiment's estimate, that decides instead of the slowest so far
+    assert decide.stop_reason(3, [KEEP, KEEP], timed, 5, spent_s=(100, 280, 120),
+                              next_s=90) is None
+    late = decide.stop_reason(3, [KEEP, KEEP], timed, 5, spent_s=(100, 180, 120), next_s=210)
+    assert late.reason is StopReason.TIME_BUDGET and "estimated at 210 s" in late.detail
 
 
-def test_the_last_experiment_a_time_budget_allows_is_known_ahead():
-    assert not decide.last_call((100, 120), 600)          # 220 + 2 x 120 fits
-    assert decide.last_call((100, 120, 150), 600)         # 370 + 300 does not: one more at most
-    assert not decide.last_call((100, 120, 150), None) and not decide.last_call((), 600)
-    # with three joint searches on offer (the headline's and two buckets'), they go first
-    # while the budget still holds all three
-    assert decide.last_call((100, 120), 600, searches=3)       # 220 + 4 x 120 > 600
-    assert not decide.last_call((100, 120), 600, searches=0)
+def test_a_run_stops_when_its_next_suggestion_would_pass_the_time_budget(scratch):
+    scratch.rules(time_budget_s="1")
+    scratch.commit_all("a budget of 1 s")
+    code, init, err = scratch.cli("init", "--kernel", "scripted")
+    assert code == 0, err
+    stopped = init["status"]
+    assert stopped["stopped_by"] == "time-budget", stopped
+    assert "s of experiments spent, and the next, estimated at" in stopped["stopped"]
+
+
+def _estimate(kind, candidates, spent):
+    return budget.estimate_s(kind, candidates, spent, screen_above=8, screen_keep=4,
+                             screen_s_per_config=1.5)
+
+
+def test_the_next_experiment_is_estimated_from_the_slowest_of_its_kind_scaled_by_its_variants():
+    base = budget.Spent(budget.STEP, 25.0, timed=1)
+    four = budget.Spent(budget.STEP, 60.0, timed=4)
+    assert _estimate(budget.STEP, 3, []) == 0.0
+    # a step of 7 candidates times 9 variants where the 4-candidate step timed 6: 60 x 9/6
+    assert _estimate(budget.STEP, 7, [base, four]) == pytest.approx(90.0)
+    assert _estimate(budget.STEP, 1, [base, four]) == pytest.approx(60.0)  # never below
+    # no dispatch run yet: the slowest of any kind; then dispatches by their own
+    assert _estimate(budget.DISPATCH, 1, [base, four]) == pytest.approx(60.0)
+    dispatched = [base, four, budget.Spent(budget.DISPATCH, 20.0, timed=1)]
+    assert _estimate(budget.DISPATCH, 1, dispatched) == pytest.approx(20.0)
+    # a joint search of 30 configs: screened at the default rate, then 4 judged and timed
+    assert _estimate(budget.JOINT, 30, [base, four]) == pytest.approx(60.0 + 30 * 1.5)
+    # once one was screened, at the run's own rate, its rest by the joint searches before
+    joint = budget.Spent(budget.JOINT, 100.0, timed=4, screened=30, screen_s=60.0)
+    assert _estimate(budget.JOINT, 20, [base, four, joint]) == pytest.approx(40.0 + 20 * 2.0)
+    # a joint search whose finalists all failed fast is no reference for the next one, nor is
+    # a baseline that measured the device's ceilings cold
+    failed = budget.Spent(budget.JOINT, 12.0, timed=4, reference=False)
+    assert _estimate(budget.JOINT, 8, [base, four, failed]) == pytest.approx(60.0 * 10 / 6)
+    cold = budget.Spent(budget.STEP, 200.0, timed=1, reference=False)
+    assert _estimate(budget.STEP, 7, [cold, four]) == pytest.approx(90.0)
+    assert _estimate(budget.STEP, 7, [cold]) == pytest.approx(600.0)  # nothing better known
+    assert budget.over([base, four], [90.0, 100.0], 600) is False
+    assert budget.over([base, four], [90.0, 100.0, 330.0], 600) is True
+    assert budget.over([base, four], [1e9], None) is False and not budget.over([], [1e9], 60)
+
+
+def test_a_records_time_is_split_into_screening_and_the_rest():
+    class Rec:
+        kind, optimization, started_at, finished_at = "playbook", "bucket-joint", 10.0, 110.0
+        phases_s = {"screen_compile": 15.0, "screen": 40.0, "correctness": 30.0}
+        outcomes = {f"c{i}": {"outcome": "screened" if i >= 4 else "ok"} for i in range(30)}
+        timing = {"shapes": {}}
+        extra = {"screening": {"shape": "guard", "ratios": {}}}
+
+    got = budget.spent(Rec())   # (the screening's compiles are a part of its 40 s)
+    assert got == budget.Spent(budget.JOINT, 100.0, timed=4, screened=30, screen_s=40.0)
+    assert got.rest_s == 60.0
+    Rec.extra = {}   # screening that failed measured no rate
+    assert budget.spent(Rec()).screened == 0 and budget.spent(Rec()).rest_s == 100.0
+    Rec.optimization, Rec.phases_s, Rec.outcomes = "tile_shape", {"correctness": 30.0}, None
+    assert budget.spent(Rec()) == budget.Spent(budget.STEP, 100.0, timed=1)
+    # no reference: a baseline (its time may hold the device's ceilings measured cold), an
+    # experiment that timed nothing, one with a crashed (hung) or cliff-dropped candidate
+    Rec.kind = "baseline"
+    assert not budget.spent(Rec()).reference
+    Rec.kind, Rec.timing = "playbook", None
+    assert not budget.spent(Rec()).reference
+    Rec.timing, Rec.outcomes = {"shapes": {}}, {"c0": {"outcome": "crash"}, "c1": {"outcome": "ok"}}
+    assert not budget.spent(Rec()).reference
 
 
 def _timed(iteration, knob, status, shape_ratios, bucket="big", knobs=None, value=2,
-          optimization=None, sampler=None):
+           optimization=None, sampler=None):
     """A one-knob step (or a search experiment) timed at shapes {name: (bucket, ratio)}."""
     shapes = {name: {"bucket": b, "vs_incumbent": {"candidate-0": {"ratio": r}}}
               for name, (b, r) in shape_ratios.items()}
@@ -618,7 +681,8 @@ TOGETHER_SMALL = [
     {"when": {"persistent": True}, "factor": {**BIG_10, "guard": 1.02, "held:guard": 1.02}}]
 
 
-def test_a_config_that_wins_only_in_another_bucket_is_found_by_its_own_joint_search(scratch):
+def test_a_config_that_wins_only_in_another_bucket_is_found_by_its_own_joint_search(
+        scratch, monkeypatch):
     scratch.script(TOGETHER_SMALL)
     scratch.commit_all("script")
     assert scratch.cli("init", "--kernel", "scripted")[0] == 0
@@ -631,6 +695,21 @@ def test_a_config_that_wins_only_in_another_bucket_is_found_by_its_own_joint_sea
     offered = {sg["id"]: sg for sg in out["suggestions"]}
     assert "fast_math" not in offered["joint"]["reason"]
     assert "fast_math" in offered["bucket-joint"]["reason"]
+    assert out["suggestions"][0]["id"] in search.IDS  # (the streak of 2 would stop the run)
+    # with no stop rule due, the joint searches go before the catalog once its next step and
+    # two of them would not fit in the time budget (480 s) by the estimates: 4 experiments of
+    # 50 s spent, the tile step's 6 candidates 50 x 8 / 3 s, the joint's 5 configs 50 x 7 / 3 s,
+    # the bucket joint's 16 configs 16 x 1.7 s of screening and 50 x 6 / 3 s of the rest: 577 s
+    # (at 30 s each: 357 s). The slowest-so-far rule saw 200 + 3 x 50 = 350 s: room enough
+    monkeypatch.chdir(scratch.path)
+    from perfloop import suggest
+    from perfloop.session import Session
+
+    session = Session("scripted")
+    monkeypatch.setattr(suggest.decide, "stop_reason", lambda *a, **k: None)
+    for each, first in ((30.0, False), (50.0, True)):
+        monkeypatch.setattr(suggest, "spent", lambda recs: [budget.Spent(budget.STEP, each)] * 4)
+        assert (suggest.suggestions(session)[0].optimization.id in search.IDS) is first, each
     code, out, err = scratch.cli("step", "--kernel", "scripted", "--opt", "bucket-joint")
     assert code == 0, err
     rec = scratch.records()[-1]
