@@ -159,18 +159,19 @@ class Suggestion:
     sampler: dict | None = None   # what chose a joint search's configs (search.JointPlan)
 
 
-def candidates_for(opt: Optimization, knobs: dict, overrides: dict, same=None) -> tuple:
+def candidates_for(opt: Optimization, knobs: dict, overrides: dict, space=None) -> tuple:
     """The values an iteration of `opt` would measure: every candidate but the current one,
-    and but those that build the same kernel (`same(a, b)`, from the kernel's canonical())."""
+    and, by the kernel's knob space (perfloop.knobspace.Space), but those that build the same
+    kernel or that its restrict() rules out."""
     values = overrides.get(opt.knob, opt.values)
     current = knobs.get(opt.knob)
     return tuple(v for v in values if v != current
-                 and not (same and same(knobs, {**knobs, opt.knob: v})))
+                 and not (space and not space.worth(knobs, {**knobs, opt.knob: v})))
 
 
 def rank(optimizations: tuple[Optimization, ...], kernel_class: str, knobs: dict,
          overrides: dict, tried: set[str], penalties: dict[str, int],
-         tags: tuple = (), same=None) -> list[Suggestion]:
+         tags: tuple = (), space=None) -> list[Suggestion]:
     """Untried optimizations that apply to this kernel, best first: by the rank for one of
     the kernel's tags where the entry gives one, else by the rank for its class."""
     out = []
@@ -179,7 +180,7 @@ def rank(optimizations: tuple[Optimization, ...], kernel_class: str, knobs: dict
         if opt.id in tried or opt.knob not in knobs or not (
                 tagged or kernel_class in opt.applies_to):
             continue
-        values = candidates_for(opt, knobs, overrides, same)
+        values = candidates_for(opt, knobs, overrides, space)
         if not values:
             continue
         base, source = opt.rank_for(kernel_class, tags)

@@ -20,6 +20,7 @@ import itertools
 import json
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 from perfloop import decide, dispatch
 from perfloop.playbook import CLASSES, Optimization, freeze, thaw
@@ -201,7 +202,8 @@ class JointPlan:
     the one-knob ratios)."""
     patches: list[dict]
     sampler: str = ALL
-    space: int = 0            # the configs that move two knobs or more (cliffs filtered)
+    space: int = 0            # the configs that move two knobs or more (cliffs, no-ops and
+                              # what restrict() rules out filtered)
     told: int = 0             # measured configs the sampler was told (tpe)
     seed: int | None = None   # the sampler's seed (tpe)
     note: str = ""            # why the product ranking stood in, when it did
@@ -237,7 +239,8 @@ def joint_space(recs: list[dict], knobs: dict, headline: str, margin: float,
 
 
 def joint_plan(recs: list[dict], knobs: dict, headline: str, margin: float,
-               max_configs: int, interactions: list, at: str | None = None) -> JointPlan:
+               max_configs: int, interactions: list, at: str | None = None,
+               worth: Callable[[dict], bool] | None = None) -> JointPlan:
     """Patches {knob: value} over the incumbent's plain knobs that move two knobs or more from
     what is in force at the headline (its bucket's dispatch included), the most promising
     first (by the product of the one-knob ratios), at most max_configs; empty unless two knobs
@@ -249,7 +252,9 @@ def joint_plan(recs: list[dict], knobs: dict, headline: str, margin: float,
     from the record on every call; without Optuna, the product ranking cuts it.
 
     `at`: plan for another benchmark shape's bucket instead (a bucket joint search): its
-    one-knob ratios, the knobs in force there, its measured configs."""
+    one-knob ratios, the knobs in force there, its measured configs. `worth(patch)`: whether a
+    patch is worth measuring (by the kernel's knob space: it builds another kernel, and can
+    work); the others are never counted, sampled or proposed."""
     shape = at or headline
     measured = _measured(recs, shape)
     in_force = dispatch.knobs_for(knobs, headline_bucket(recs, shape) or "")
@@ -297,7 +302,8 @@ def joint_plan(recs: list[dict], knobs: dict, headline: str, margin: float,
 
     # one knob moved alone was measured by its own step: only combinations are new
     changes = [c for c in map(moved, itertools.product(*(space[k] for k in names)))
-               if len(c) >= 2 and not unpaired_cliff(c)]
+               if len(c) >= 2 and not unpaired_cliff(c)
+               and (worth is None or worth({k: thaw(v) for k, v in c.items()}))]
     changes.sort(key=predicted)
     if len(changes) <= max_configs:
         return JointPlan(out(changes), ALL, len(changes), **where)
@@ -451,26 +457,26 @@ def benchmark_buckets(recs: list[dict], headline: str) -> list[tuple[str, str]]:
 
 
 def bucket_joint_plans(recs: list[dict], knobs: dict, headline: str, margin: float,
-                       max_configs: int, interactions: list) -> list[tuple[dict, JointPlan]]:
+                       max_configs: int, interactions: list,
+                       worth: Callable[[dict, str], bool] | None = None
+                       ) -> list[tuple[dict, JointPlan]]:
     """For each bucket not tried since the last kept change: (the dispatch tables to measure,
     each the kept table with one joint patch in that bucket's entry; the plan), planned from
-    the one-knob ratios at the bucket's benchmark shape."""
+    the one-knob ratios at the bucket's benchmark shape. `worth(table, bucket)`: whether a
+    table is worth measuring (joint_plan's `worth`)."""
     out, current = [], dispatch.table(knobs)
     for bucket, shape in benchmark_buckets(recs, headline):
         if bucket_joint_tried(recs, bucket):
             continue
-        plan = joint_plan(recs, knobs, headline, margin, max_configs, interactions, at=shape)
+
+        def table_of(patch: dict, bucket=bucket) -> dict:
+            return dispatch.merged(current, {bucket: patch})
+
+        plan = joint_plan(recs, knobs, headline, margin, max_configs, interactions, at=shape,
+                          worth=worth and (lambda p, b=bucket: worth(table_of(p), b)))
         if plan.patches:
-            out.append(([dispatch.merged(current, {bucket: p}) for p in plan.patches], plan))
+            out.append(([table_of(p) for p in plan.patches], plan))
     return out
-
-
-def builds_other(knobs: dict, changed: dict, bucket: str | None, same) -> bool:
-    """Whether `changed` builds another kernel than `knobs` at `bucket` (None: the plain
-    values), by the kernel's canonical() (`same`): what builds the incumbent's is never
-    measured."""
-    return not same(dispatch.knobs_for(knobs, bucket or ""),
-                    dispatch.knobs_for(changed, bucket or ""))
 
 
 def bucket_joint_row(before: dict | None, after: dict) -> str:

@@ -27,7 +27,7 @@ def catalog(s: Session, recs: list[records.Experiment] | None = None
     knobs = s.incumbent_knobs()
     ranked = decide.rank(s.playbook.optimizations, s.state.kernel_class, knobs,
                          s.spec.candidates, tried, penalties(s, recs), s.spec.tags,
-                         same=knobspace.same_for(s.spec.folder))
+                         space=knobspace.space_for(s.spec.folder))
     profile = profiling.of_incumbent(s)
     if profile is None or not ranked:
         return ranked
@@ -41,22 +41,23 @@ def searches(s: Session, recs: list[records.Experiment] | None = None
     """The dispatch and joint experiments the record supports now."""
     recs = records.plain(s.records() if recs is None else recs)  # (search reads plain lines)
     knobs = s.incumbent_knobs()
-    same = knobspace.same_for(s.spec.folder)
+    space = knobspace.space_for(s.spec.folder)
     out = []
     found = s.playbook.rules.search.dispatch and search.dispatch_changes(
         recs, s.state.incumbent, knobs, s.playbook.rules.decision, s.spec.headline.name,
-        same=same)
-    if found:
+        same=space.same)
+    if found and space.why_not({**knobs, dispatch.KEY: found[0]}) is None:
         table, said, why = found
         out.append(decide.Suggestion(search.optimization(search.DISPATCH, (table,)), (table,),
                                      0, f"won only on some buckets: {why}", describe=said))
     rules = s.playbook.rules.search
     if not search.joint_tried_since_keep(recs):
-        plan = search.joint_plan(recs, knobs, s.spec.headline.name, rules.joint_margin,
-                                 rules.joint_max_configs, list(rules.interactions))
         where = search.headline_bucket(recs, s.spec.headline.name)
-        patches = [p for p in plan.patches
-                   if search.builds_other(knobs, search.apply_joint(knobs, p, where), where, same)]
+        plan = search.joint_plan(
+            recs, knobs, s.spec.headline.name, rules.joint_margin, rules.joint_max_configs,
+            list(rules.interactions),
+            worth=lambda p: space.worth(knobs, search.apply_joint(knobs, p, where), where))
+        patches = plan.patches
         if patches:
             values = tuple(patches)
             out.append(decide.Suggestion(
@@ -66,10 +67,9 @@ def searches(s: Session, recs: list[records.Experiment] | None = None
                 f"steps, measured together: {plan.said()}", sampler=plan.as_record()))
     for tables, plan in search.bucket_joint_plans(
             recs, knobs, s.spec.headline.name, rules.joint_margin, rules.joint_max_configs,
-            list(rules.interactions)):
+            list(rules.interactions),
+            worth=lambda t, b: space.worth(knobs, {**knobs, dispatch.KEY: t}, b)):
         bucket = plan.bucket
-        tables = [t for t in tables
-                  if search.builds_other(knobs, {**knobs, dispatch.KEY: t}, bucket, same)]
         if tables:
             values = tuple(tables)
             moved = sorted({k for p in plan.patches for k in p})

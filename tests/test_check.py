@@ -46,7 +46,7 @@ def test_the_committed_dispatch_tables_variants_are_compiled_too(tmp_path):
 
 def test_pairwise_set_covers_every_pair_and_starts_with_the_committed_knobs():
     doms = {"a": [0, 1, 2], "b": ["x", "y"], "c": [True, False], "d": [None, 4, 8]}
-    rows = variants.pairwise(doms)
+    rows, _ = variants.pairwise(doms)
     assert rows[0] == {"a": 0, "b": "x", "c": True, "d": None}
     names = list(doms)
     for i, n in enumerate(names):
@@ -54,7 +54,28 @@ def test_pairwise_set_covers_every_pair_and_starts_with_the_committed_knobs():
             for u in doms[n]:
                 for v in doms[m]:
                     assert any(r[n] == u and r[m] == v for r in rows), (n, u, m, v)
-    assert len(rows) < len(variants.exhaustive(doms))
+    assert len(rows) < len(variants.exhaustive(doms)[0])
+
+
+def test_pairwise_set_leaves_out_what_the_kernel_restricts_and_covers_the_rest():
+    doms = {"a": [0, 1, 2], "b": ["x", "y"], "c": [True, False], "d": [None, 4, 8]}
+
+    def allowed(k):  # a=2 with d=8 never runs; c=False needs b=y
+        return not (k["a"] == 2 and k["d"] == 8) and not (k["c"] is False and k["b"] == "x")
+
+    rows, dropped = variants.pairwise(doms, allowed)
+    assert rows[0] == {"a": 0, "b": "x", "c": True, "d": None}
+    assert all(allowed(r) for r in rows) and dropped == 2
+    names = list(doms)
+    for i, n in enumerate(names):
+        for m in names[i + 1:]:
+            for u in doms[n]:
+                for v in doms[m]:
+                    ruled = {n: u, m: v} in ({"a": 2, "d": 8}, {"b": "x", "c": False})
+                    assert any(r[n] == u and r[m] == v for r in rows) != ruled, (n, u, m, v)
+    every, ruled_out = variants.exhaustive(doms, allowed)
+    assert len(every) + ruled_out == 36 and all(allowed(r) for r in every)
+    assert ruled_out == 4 + 9 - 1    # a=2,d=8: 4; c=False,b=x: 9; both: 1
 
 
 def test_domains_hold_every_candidate_the_playbook_can_set():

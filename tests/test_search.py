@@ -132,13 +132,13 @@ def test_candidates_that_build_the_incumbents_kernel_are_never_proposed(tmp_path
     (tmp_path / "kernel.py").write_text(
         "def canonical(knobs):\n"
         "    return {**knobs, 'tile': (1, knobs['tile'][1])} if knobs['block_elems'] else knobs\n")
-    same = knobspace.same_for(tmp_path)
+    space = knobspace.space_for(tmp_path)
     opt = load(SHIPPED).optimizations
     tile = next(o for o in opt if o.id == "tile_shape")
     knobs = {"tile": (1, 0), "block_elems": 32768}
     overrides = {"tile": ((1, 0), (2, 0), (8, 0), (1, 1024), (4, 1024))}
-    assert decide.candidates_for(tile, knobs, overrides, same) == ((1, 1024), (4, 1024))
-    assert decide.candidates_for(tile, {**knobs, "block_elems": None}, overrides, same) == (
+    assert decide.candidates_for(tile, knobs, overrides, space) == ((1, 1024), (4, 1024))
+    assert decide.candidates_for(tile, {**knobs, "block_elems": None}, overrides, space) == (
         (2, 0), (8, 0), (1, 1024), (4, 1024))
     # without canonical(): plain equality; a canonical() that raises: one line
     (tmp_path / "kernel.py").write_text("X = 1\n")
@@ -146,6 +146,68 @@ def test_candidates_that_build_the_incumbents_kernel_are_never_proposed(tmp_path
     (tmp_path / "kernel.py").write_text("def canonical(knobs):\n    return knobs['nope']\n")
     with pytest.raises(UserError, match="canonical\\(\\) failed: KeyError"):
         knobspace.same_for(tmp_path)({"a": 1}, {"a": 2})
+
+
+RESTRICT = (
+    "def restrict(knobs):\n"
+    "    if knobs['tile'][0] * knobs['tile'][1] > 4096 and knobs['num_ctas'] == 1:\n"
+    "        return 'a tile over 4096 elements needs 2 CTAs'\n")
+
+
+def test_combinations_the_kernel_restricts_are_never_proposed(tmp_path):
+    (tmp_path / "kernel.py").write_text(RESTRICT)
+    space = knobspace.space_for(tmp_path)
+    opt = load(SHIPPED).optimizations
+    tile = next(o for o in opt if o.id == "tile_shape")
+    knobs = {"tile": (1, 1024), "num_ctas": 1}
+    overrides = {"tile": ((1, 1024), (1, 4096), (2, 4096), (8, 512))}
+    assert decide.candidates_for(tile, knobs, overrides, space) == ((1, 4096), (8, 512))
+    assert decide.candidates_for(tile, {**knobs, "num_ctas": 2}, overrides, space) == (
+        (1, 4096), (2, 4096), (8, 512))
+    # a bucket's values count as well as the plain ones
+    table = {"dispatch": {"big": {"tile": [4, 2048]}}}
+    assert space.why_not({**knobs, **table}) == (
+        "a tile over 4096 elements needs 2 CTAs (at big)")
+    assert space.why_not({**knobs, "num_ctas": 2, **table}) is None
+    assert not space.worth(knobs, {**knobs, **table}, "big")
+    assert space.worth(knobs, {**knobs, "num_ctas": 2, **table}, "big")
+    # a joint search never counts, samples nor proposes what it rules out
+    recs = [_step("tile", [1, 1024], {(2, 4096): 0.98, (1, 4096): 0.99}),
+            _step("num_ctas", 1, {2: 0.99})]
+    both = [{"num_ctas": 2, "tile": [2, 4096]}, {"num_ctas": 2, "tile": [1, 4096]}]
+    assert search.joint_plan(recs, knobs, "head", 0.03, 30, []).patches == both
+    assert search.joint_plan(recs, knobs, "head", 0.03, 30, [], worth=lambda p: space.worth(
+        knobs, search.apply_joint(knobs, p, None))).patches == both   # (2 CTAs: they run)
+    (tmp_path / "kernel.py").write_text(RESTRICT.replace("== 1", "== 2"))
+    flipped = knobspace.space_for(tmp_path)
+    plan = search.joint_plan(recs, knobs, "head", 0.03, 30, [], worth=lambda p: flipped.worth(
+        knobs, search.apply_joint(knobs, p, None)))
+    assert plan.patches == both[1:] and plan.space == 1
+    # a restrict() that raises or answers other than None or a string: one line
+    (tmp_path / "kernel.py").write_text("def restrict(knobs):\n    return knobs['nope']\n")
+    with pytest.raises(UserError, match="restrict\\(\\) failed: KeyError"):
+        knobspace.space_for(tmp_path).why_not(knobs)
+    (tmp_path / "kernel.py").write_text("def restrict(knobs):\n    return False\n")
+    with pytest.raises(UserError, match="must return None or a reason"):
+        knobspace.space_for(tmp_path).why_not(knobs)
+
+
+def test_a_restricted_value_is_neither_offered_nor_taken_by_hand(scratch):
+    with open(scratch.kernel / "kernel.py", "a") as f:
+        f.write("\n\ndef restrict(knobs):\n"
+                "    if knobs['persistent'] and knobs['occupancy'] is None:\n"
+                "        return 'a persistent grid needs an occupancy'\n")
+    scratch.commit_all("restrict")
+    assert scratch.cli("init", "--kernel", "scripted")[0] == 0
+    code, out, _ = scratch.cli("next", "--kernel", "scripted")
+    offered = [sg["id"] for sg in out["suggestions"]]
+    assert code == 0 and "occupancy" in offered and "persistent" not in offered
+    code, out, _ = scratch.cli("step", "--kernel", "scripted", "--opt", "persistent")
+    assert code == 2 and "restrict()" in out["error"] and "\n" not in out["error"]
+    code, out, _ = scratch.cli("step", "--kernel", "scripted", "--opt", "persistent",
+                               "--value", "true")
+    assert code == 2 and out["error"].endswith("a persistent grid needs an occupancy")
+    assert len(scratch.records()) == 1   # nothing was run
 
 
 @pytest.mark.parametrize("kernel", ["rmsnorm", "softmax"])

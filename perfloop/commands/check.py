@@ -1,6 +1,6 @@
 import time
 
-from perfloop import dispatch, gitops, progress, search, variants, traffic
+from perfloop import dispatch, gitops, knobspace, progress, search, variants, traffic
 from perfloop.errors import UserError
 from perfloop.kernel import find_folder, import_module, load_spec
 from perfloop.playbook import load, resolve_dir, thaw
@@ -10,9 +10,10 @@ DESCRIPTION = """\
 Compiles the kernel for each target architecture with cuTile's ahead-of-time path (tileiras;
 no GPU needed) for a set of knob combinations in which every value of every knob, and every
 pair of values of any two knobs, occurs at least once (--all: every combination), plus the
-committed knobs of each bucket of knobs.json's "dispatch" table. Each combination is compiled
-for the dtypes of all benchmark shapes. Reports each failure with its
-knob values; exits 1 if any variant fails."""
+committed knobs of each bucket of knobs.json's "dispatch" table. Combinations that kernel.py's
+restrict(knobs) rules out are left out (and said). Each combination is compiled for the dtypes
+of all benchmark shapes. Reports each failure with its knob values; exits 1 if any variant
+fails."""
 
 
 def add_arguments(p):
@@ -38,7 +39,9 @@ def execute(args):
     committed = spec.read_knobs()
     plain = {k: v for k, v in committed.items() if k != dispatch.KEY}
     doms = variants.domains(playbook, plain, spec.candidates)
-    combos = (variants.exhaustive if args.all else variants.pairwise)(doms)
+    space = knobspace.space_for(folder)
+    combos, ruled_out = (variants.exhaustive if args.all else variants.pairwise)(
+        doms, lambda knobs: space.why_not(knobs) is None)
     # each bucket of the committed dispatch table launches its own variant: compile it too
     combos += [dispatch.knobs_for(committed, b) for b in dispatch.table(committed)]
     failures, t0 = [], time.monotonic()
@@ -59,7 +62,8 @@ def execute(args):
     out = {"kernel": spec.name, "archs": archs, "variants": len(combos),
            "dtypes": sorted({s.dtype for s in spec.shapes}), "compiled": len(combos) * len(archs),
            "failures": failures, "seconds": round(time.monotonic() - t0, 1),
-           "coverage": "all combinations" if args.all else "every value pair"}
+           "coverage": "all combinations" if args.all else "every value pair",
+           "ruled_out": ruled_out}   # combinations (--all) or value pairs restrict() rules out
     if failures:
         out.update(exit_code=1, failure=f"{len(failures)} of {len(combos) * len(archs)} "
                                         "variants did not compile")
@@ -71,6 +75,10 @@ def render(r):
              f"targets ({', '.join(r['archs'])}), dtypes {', '.join(r['dtypes'])}: "
              f"{r['compiled'] - len(r['failures'])} compiled, {len(r['failures'])} failed "
              f"in {r['seconds']} s"]
+    if r["ruled_out"]:
+        what = "combinations" if r["coverage"] == "all combinations" else "value pairs"
+        lines.append(f"{r['ruled_out']} {what} left out: kernel.py's restrict() rules out "
+                     "every combination tried that holds them")
     for f in r["failures"]:
         knobs = " ".join(f"{k}={v}" for k, v in f["knobs"].items())
         lines.append(f"FAIL {f['arch']} {knobs}: {f['error']}")

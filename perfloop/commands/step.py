@@ -60,12 +60,14 @@ def _playbook_proposal(s: Session, opt_id: str, value_text: str | None) -> Propo
         raise UserError(f"optimization '{opt.id}' changes knob '{opt.knob}', which kernel "
                         f"'{s.spec.name}' does not have (its knobs: {', '.join(knobs)})")
     allowed = s.spec.candidates.get(opt.knob, opt.values)
+    space = knobspace.space_for(s.spec.folder)
     if value_text is None:
-        values = decide.candidates_for(opt, knobs, s.spec.candidates,
-                                       knobspace.same_for(s.spec.folder))
+        values = decide.candidates_for(opt, knobs, s.spec.candidates, space)
         if not values:
             raise UserError(f"every candidate of '{opt.id}' builds the incumbent's kernel "
-                            f"(equal {opt.knob}, or equal by kernel.py's canonical())")
+                            f"(equal {opt.knob}, or equal by kernel.py's canonical()) or "
+                            "cannot work beside the incumbent's other knobs (kernel.py's "
+                            "restrict())")
         return Proposal(Kind.PLAYBOOK, opt, values)
     value = _parse_value(value_text)
     if value not in allowed:
@@ -73,6 +75,10 @@ def _playbook_proposal(s: Session, opt_id: str, value_text: str | None) -> Propo
                         f"{', '.join(json.dumps(thaw(v)) for v in allowed)})")
     if value == knobs[opt.knob]:
         raise UserError(f"the incumbent already has {opt.knob}={value_text}")
+    why = space.why_not({**knobs, opt.knob: value})
+    if why:
+        raise UserError(f"{opt.knob}={value_text} cannot work beside the incumbent's other "
+                        f"knobs, by kernel.py's restrict(): {why}")
     return Proposal(Kind.PLAYBOOK, opt, (value,))
 
 
