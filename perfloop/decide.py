@@ -163,7 +163,10 @@ def candidates_for(opt: Optimization, knobs: dict, overrides: dict, space=None) 
     """The values an iteration of `opt` would measure: every candidate but the current one,
     and, by the kernel's knob space (perfloop.knobspace.Space), but those that build the same
     kernel or that its restrict() rules out."""
-    values = overrides.get(opt.knob, opt.values)
+    values = overrides.get(opt.key, opt.values)
+    if opt.knobs:  # patches: one that changes nothing is no candidate
+        return tuple(v for v in values if any(knobs.get(k) != x for k, x in v.items())
+                     and not (space and not space.worth(knobs, {**knobs, **v})))
     current = knobs.get(opt.knob)
     return tuple(v for v in values if v != current
                  and not (space and not space.worth(knobs, {**knobs, opt.knob: v})))
@@ -177,7 +180,7 @@ def rank(optimizations: tuple[Optimization, ...], kernel_class: str, knobs: dict
     out = []
     for order, opt in enumerate(optimizations):
         tagged = any(t in opt.by_tag for t in tags)
-        if opt.id in tried or opt.knob not in knobs or not (
+        if opt.id in tried or not all(k in knobs for k in opt.moves) or not (
                 tagged or kernel_class in opt.applies_to):
             continue
         values = candidates_for(opt, knobs, overrides, space)

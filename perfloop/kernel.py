@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from perfloop.errors import UserError
-from perfloop.playbook import freeze, read_toml, thaw
+from perfloop.playbook import freeze, patch_values, read_toml, thaw
 
 SHIPPED = Path(__file__).resolve().parent.parent / "kernels"
 MANIFEST, KNOBS, MODULE = "kernel.toml", "knobs.json", "kernel.py"
@@ -220,8 +220,15 @@ def load_spec(folder: Path, repo_root: Path, text: str | None = None) -> KernelS
     if folder in judge.parents:
         raise bad("the judge must live outside the kernel folder, since the loop may change "
                   "everything inside it")
-    return KernelSpec(name, folder, judge, shapes,
-                      {k: tuple(freeze(v) for v in vals) for k, vals in candidates.items()},
+    frozen = {}
+    for key, vals in candidates.items():  # "a+b": an entry's values moving a and b together
+        together = tuple(key.split("+")) if "+" in key else ()
+        try:
+            frozen[key] = (patch_values(vals, together, f"[candidates] {key}") if together
+                           else tuple(freeze(v) for v in vals))
+        except UserError as exc:
+            raise bad(str(exc)) from None
+    return KernelSpec(name, folder, judge, shapes, frozen,
                       requires_gpu, tolerance, judge_rel, text, tuple(tags), held_back)
 
 

@@ -28,6 +28,18 @@ class Optimization:
     priority: dict
     why: str
     by_tag: dict = dataclasses.field(default_factory=dict)  # kernel tag -> rank, over the class's
+    knobs: tuple[str, ...] = ()  # an entry that moves several knobs together: their names
+    # (its knob is then MULTI and each value a {knob: value} patch)
+
+    @property
+    def moves(self) -> tuple[str, ...]:
+        """The knobs an iteration of this entry changes."""
+        return self.knobs or (self.knob,)
+
+    @property
+    def key(self) -> str:
+        """Its name in kernel.toml's [candidates]: the knob, or the knobs joined by '+'."""
+        return "+".join(self.knobs) if self.knobs else self.knob
 
     def rank_for(self, kernel_class: str, tags: tuple = ()) -> tuple[int, str]:
         """This entry's rank for a kernel, and what set it: the best rank among the kernel's
@@ -165,12 +177,20 @@ def _section(data: dict, name: str, cls, path: Path):
 
 
 def _optimization(raw: dict, path: Path) -> Optimization:
+    together = tuple(raw.get("knobs", ()))
     try:
+        if together and ("knob" in raw or len(together) < 2
+                         or not all(isinstance(k, str) for k in together)):
+            raise UserError(f"{path}: optimization {raw['id']}: `knobs` names two knobs or "
+                            "more, moved together, in place of `knob`")
         opt = Optimization(
-            id=raw["id"], title=raw["title"], family=raw["family"], knob=raw["knob"],
-            values=tuple(freeze(v) for v in raw["values"]),
+            id=raw["id"], title=raw["title"], family=raw["family"],
+            knob=MULTI if together else raw["knob"],
+            values=tuple(patch_values(raw["values"], together, f"{path}: optimization "
+                                      f"{raw['id']}") if together else
+                         (freeze(v) for v in raw["values"])),
             applies_to=tuple(raw["applies_to"]), priority=dict(raw["priority"]),
-            why=raw.get("why", ""), by_tag=dict(raw.get("by_tag", {})),
+            why=raw.get("why", ""), by_tag=dict(raw.get("by_tag", {})), knobs=together,
         )
     except KeyError as exc:
         raise UserError(f"{path}: optimization {raw.get('id', '?')} lacks {exc}") from None
@@ -182,6 +202,18 @@ def _optimization(raw: dict, path: Path) -> Optimization:
                         f"priority, every by_tag rank must be an integer and values must not be empty (check "
                         f"{bad or 'values'})")
     return opt
+
+
+MULTI = "*"   # the knob of an optimization whose values are {knob: value} patches
+
+
+def patch_values(values: list, knobs: tuple, where: str) -> tuple[dict, ...]:
+    """The values of an entry that moves `knobs` together: each a table naming every one of
+    them, its values frozen."""
+    if not all(isinstance(v, dict) and set(v) == set(knobs) for v in values):
+        raise UserError(f"{where}: each value must be a table of {', '.join(knobs)} (e.g. "
+                        f"{{{', '.join(f'{k} = ...' for k in knobs)}}})")
+    return tuple({k: freeze(v[k]) for k in knobs} for v in values)
 
 
 def freeze(value):

@@ -22,12 +22,12 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
-from perfloop import decide, dispatch
+from perfloop import decide, dispatch, playbook
 from perfloop.playbook import CLASSES, Optimization, freeze, thaw
 from perfloop.vocab import Correctness, Kind, Outcome, Status
 
 DISPATCH, JOINT, BUCKET_JOINT = "dispatch", "joint", "bucket-joint"
-MULTI = "*"        # the knob of an optimization whose values are {knob: value} patches
+MULTI = playbook.MULTI  # the knob of an optimization whose values are {knob: value} patches
 INCUMBENT = "incumbent"
 IDS = (DISPATCH, JOINT, BUCKET_JOINT)
 ALL, TPE, RANKING = "all", "tpe", "product-ranking"   # what chose a joint search's configs

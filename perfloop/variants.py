@@ -9,13 +9,16 @@ from perfloop.playbook import Playbook
 
 
 def domains(playbook: Playbook, knobs: dict, overrides: dict) -> dict[str, list]:
-    """Every value each knob can take: the committed one and every candidate touching it."""
+    """Every value each knob can take: the committed one and every candidate touching it
+    (an entry that moves several knobs together gives each of them its values)."""
     out = {name: [value] for name, value in knobs.items()}
     for opt in playbook.optimizations:
-        if opt.knob in out:
-            for value in overrides.get(opt.knob, opt.values):
-                if value not in out[opt.knob]:
-                    out[opt.knob].append(value)
+        if not all(k in out for k in opt.moves):
+            continue
+        for value in overrides.get(opt.key, opt.values):
+            for knob, v in (value.items() if opt.knobs else [(opt.knob, value)]):
+                if v not in out[knob]:
+                    out[knob].append(v)
     return out
 
 

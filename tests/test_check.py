@@ -85,3 +85,19 @@ def test_domains_hold_every_candidate_the_playbook_can_set():
                             {"tile": ((1, 64),)})
     assert doms["occupancy"] == [None, 1, 2, 4, 8, 16]
     assert doms["tile"] == [(1, 1024), (1, 64)] and doms["x"] == [1]
+    # an entry that moves several knobs together gives each of them its values
+    import dataclasses
+
+    from perfloop.playbook import MULTI, Optimization
+
+    pb = load(SHIPPED)
+    both = Optimization("tile_occ", "t", "tile", MULTI,
+                        ({"tile": (1, 4096), "occupancy": 32},), ("memory-bound",),
+                        {"memory-bound": 1}, "", knobs=("tile", "occupancy"))
+    doms = variants.domains(dataclasses.replace(pb, optimizations=(both,)),
+                            {"occupancy": None, "tile": (1, 1024)},
+                            {"tile+occupancy": ({"tile": (1, 64), "occupancy": 2},)})
+    assert doms == {"occupancy": [None, 2], "tile": [(1, 1024), (1, 64)]}
+    doms = variants.domains(dataclasses.replace(pb, optimizations=(both,)),
+                            {"occupancy": None, "tile": (1, 1024)}, {})
+    assert doms == {"occupancy": [None, 32], "tile": [(1, 1024), (1, 4096)]}

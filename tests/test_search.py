@@ -210,6 +210,66 @@ def test_a_restricted_value_is_neither_offered_nor_taken_by_hand(scratch):
     assert len(scratch.records()) == 1   # nothing was run
 
 
+TOGETHER_ENTRY = """
+[[optimization]]
+id = "tile_occupancy"
+title = "a wider tile with more blocks per SM"
+family = "tile"
+knobs = ["tile", "occupancy"]
+values = [{tile = [1, 2048], occupancy = 2}, {tile = [1, 4096], occupancy = 4},
+          {tile = [1, 1024], occupancy = 4}]
+applies_to = ["memory-bound"]
+priority = { memory-bound = 0 }
+"""
+
+
+def test_a_catalog_entry_moves_several_knobs_together(scratch):
+    # neither knob gains alone; together they run 20% faster
+    scratch.script([{"when": {"tile": [1, 2048], "occupancy": 2}, "factor": {"*": 0.8}}])
+    with open(scratch.path / "playbook" / "catalog.toml", "a") as f:
+        f.write(TOGETHER_ENTRY)
+    with open(scratch.kernel / "kernel.toml", "a") as f:  # the kernel narrows the entry
+        f.write('\n[candidates]\n"tile+occupancy" = [{tile = [1, 2048], occupancy = 2}, '
+                '{tile = [1, 4096], occupancy = 4}]\n')
+    scratch.commit_all("an entry of two knobs")
+    assert scratch.cli("init", "--kernel", "scripted")[0] == 0
+    code, out, _ = scratch.cli("next", "--kernel", "scripted")
+    first = out["suggestions"][0]
+    assert first["id"] == "tile_occupancy" and first["knob"] == search.MULTI
+    assert first["candidates"] == [{"tile": [1, 2048], "occupancy": 2},
+                                   {"tile": [1, 4096], "occupancy": 4}]
+    code, out, _ = scratch.cli("step", "--kernel", "scripted", "--opt", "tile_occupancy",
+                               "--value", '{"tile": [1, 1024], "occupancy": 4}')
+    assert code == 2 and "is not a candidate" in out["error"]   # (the kernel's list holds)
+    code, out, err = scratch.cli("step", "--kernel", "scripted", "--opt", "tile_occupancy")
+    assert code == 0, err
+    rec = scratch.records()[-1]
+    assert rec["status"] == "keep" and rec["decision"]["gain"] == pytest.approx(0.2, abs=0.01)
+    knobs = json.loads((scratch.kernel / "knobs.json").read_text())
+    assert knobs["tile"] == [1, 2048] and knobs["occupancy"] == 2
+    assert "tile_occupancy: tile=1x2048, occupancy=2" in scratch.table()
+    code, out, _ = scratch.cli("step", "--kernel", "scripted", "--opt", "tile_occupancy",
+                               "--value", '{"tile": [1, 2048], "occupancy": 2}')
+    assert code == 2 and "already has tile+occupancy=" in out["error"]
+
+
+def test_an_entry_of_several_knobs_is_refused_in_one_line_when_malformed(tmp_path):
+    import shutil
+
+    shutil.copytree(SHIPPED, tmp_path / "pb")
+    catalog = tmp_path / "pb" / "catalog.toml"
+    shipped = catalog.read_text()
+    catalog.write_text(shipped + TOGETHER_ENTRY.replace(
+        "{tile = [1, 4096], occupancy = 4}", "{tile = [1, 4096]}"))
+    with pytest.raises(UserError, match="each value must be a table of tile, occupancy"):
+        load(tmp_path / "pb")
+    catalog.write_text(shipped + TOGETHER_ENTRY.replace('["tile", "occupancy"]', '["tile"]'))
+    with pytest.raises(UserError, match="names two knobs or more"):
+        load(tmp_path / "pb")
+    together = next(o for o in load(SHIPPED).optimizations if o.id == "tile_shape")
+    assert together.moves == ("tile",) and together.key == "tile"
+
+
 @pytest.mark.parametrize("kernel", ["rmsnorm", "softmax"])
 def test_a_reductions_tile_rows_beside_block_elems_build_the_same_kernel(kernel):
     # the catalog must not offer, nor a dispatch keep, a tile whose rows the kernel ignores

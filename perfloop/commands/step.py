@@ -56,28 +56,33 @@ def _playbook_proposal(s: Session, opt_id: str, value_text: str | None) -> Propo
         return _search_proposal(s, opt_id, value_text)
     opt = s.playbook.get(opt_id)
     knobs = s.incumbent_knobs()
-    if opt.knob not in knobs:
-        raise UserError(f"optimization '{opt.id}' changes knob '{opt.knob}', which kernel "
+    missing = [k for k in opt.moves if k not in knobs]
+    if missing:
+        raise UserError(f"optimization '{opt.id}' changes knob '{missing[0]}', which kernel "
                         f"'{s.spec.name}' does not have (its knobs: {', '.join(knobs)})")
-    allowed = s.spec.candidates.get(opt.knob, opt.values)
+    allowed = s.spec.candidates.get(opt.key, opt.values)
     space = knobspace.space_for(s.spec.folder)
+    what = "+".join(opt.moves)
     if value_text is None:
         values = decide.candidates_for(opt, knobs, s.spec.candidates, space)
         if not values:
             raise UserError(f"every candidate of '{opt.id}' builds the incumbent's kernel "
-                            f"(equal {opt.knob}, or equal by kernel.py's canonical()) or "
+                            f"(equal {what}, or equal by kernel.py's canonical()) or "
                             "cannot work beside the incumbent's other knobs (kernel.py's "
                             "restrict())")
         return Proposal(Kind.PLAYBOOK, opt, values)
     value = _parse_value(value_text)
+    if opt.knobs and isinstance(value, dict):  # a patch, as JSON: {"tile": [..], "num_ctas": 2}
+        value = {k: freeze(v) for k, v in value.items()}
     if value not in allowed:
         raise UserError(f"value {value_text} is not a candidate of '{opt.id}' (candidates: "
                         f"{', '.join(json.dumps(thaw(v)) for v in allowed)})")
-    if value == knobs[opt.knob]:
-        raise UserError(f"the incumbent already has {opt.knob}={value_text}")
-    why = space.why_not({**knobs, opt.knob: value})
+    changed = {**knobs, **value} if opt.knobs else {**knobs, opt.knob: value}
+    if all(changed[k] == knobs[k] for k in opt.moves):
+        raise UserError(f"the incumbent already has {what}={value_text}")
+    why = space.why_not(changed)
     if why:
-        raise UserError(f"{opt.knob}={value_text} cannot work beside the incumbent's other "
+        raise UserError(f"{what}={value_text} cannot work beside the incumbent's other "
                         f"knobs, by kernel.py's restrict(): {why}")
     return Proposal(Kind.PLAYBOOK, opt, (value,))
 
