@@ -253,6 +253,24 @@ def test_a_catalog_entry_moves_several_knobs_together(scratch):
     assert code == 2 and "already has tile+occupancy=" in out["error"]
 
 
+def test_an_entry_of_several_knobs_that_wins_on_one_bucket_is_dispatched_there(scratch):
+    slower = {"head": 1.05, "tail": 1.05, "held:head": 1.05, "held:tail": 1.05}
+    scratch.script([{"when": {"tile": [1, 2048], "occupancy": 2},
+                     "factor": {**slower, "guard": 0.8, "held:guard": 0.8}}])
+    with open(scratch.path / "playbook" / "catalog.toml", "a") as f:
+        f.write(TOGETHER_ENTRY)
+    scratch.commit_all("an entry of two knobs")
+    assert scratch.cli("init", "--kernel", "scripted")[0] == 0
+    code, out, err = scratch.cli("step", "--kernel", "scripted", "--opt", "tile_occupancy")
+    assert code == 0 and out["experiment"]["status"] == "revert", err
+    assert out["next"][0] == "dispatch"
+    code, out, err = scratch.cli("step", "--kernel", "scripted", "--opt", "dispatch")
+    assert code == 0 and out["experiment"]["status"] == "keep", err
+    knobs = json.loads((scratch.kernel / "knobs.json").read_text())
+    assert knobs["dispatch"] == {"small": {"occupancy": 2, "tile": [1, 2048]}}
+    assert knobs["tile"] == [1, 1024] and knobs["occupancy"] is None
+
+
 def test_an_entry_of_several_knobs_is_refused_in_one_line_when_malformed(tmp_path):
     import shutil
 
