@@ -31,7 +31,7 @@ import importlib.util
 import json
 import sys
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from perfloop.errors import UserError
@@ -48,24 +48,48 @@ class Shape:
     dtype: str
     headline: bool = False
     held_back: bool = False   # timed only to check that a per-bucket choice generalizes
+    param_items: tuple = ()   # (name, value) pairs: the case's named parameters (params)
+    dtype_items: tuple = ()   # (tensor name, dtype) pairs: dtypes other than `dtype` (dtypes)
+
+    @property
+    def params(self) -> dict:
+        """The case's named parameters, e.g. {"M": 128, "eps": 1e-6} (kernel.toml's params)."""
+        return dict(self.param_items)
+
+    @property
+    def dtypes(self) -> dict:
+        """The dtype of each tensor kernel.toml names in `dtypes`, e.g. {"w": "float32"}."""
+        return dict(self.dtype_items)
+
+    def dtype_of(self, tensor: str) -> str:
+        """The dtype of the named tensor: as `dtypes` gives it, else the case's `dtype`."""
+        return self.dtypes.get(tensor, self.dtype)
 
     def as_dict(self) -> dict:
-        """name, dims (a list), dtype, headline, held_back: the fields a kernel's functions
-        may read."""
+        """name, dims (a list), dtype, headline, held_back, params, dtypes: the fields a
+        kernel's functions may read."""
         return {"name": self.name, "dims": list(self.dims), "dtype": self.dtype,
-                "headline": self.headline, "held_back": self.held_back}
+                "headline": self.headline, "held_back": self.held_back,
+                "params": self.params, "dtypes": self.dtypes}
 
     @classmethod
     def from_dict(cls, raw: dict) -> "Shape":
         return cls(raw["name"], tuple(raw["dims"]), raw["dtype"], bool(raw.get("headline")),
-                   bool(raw.get("held_back")))
+                   bool(raw.get("held_back")), _items(raw.get("params")),
+                   _items(raw.get("dtypes")))
+
+
+def _items(table) -> tuple:
+    """A TOML or JSON table as sorted (key, value) pairs, so a Shape stays hashable."""
+    return tuple(sorted((table or {}).items()))
 
 
 def derived_held_back(shape: Shape) -> Shape:
     """A shape the loop never tunes on, in the same bucket as `shape` for kernels that bucket
     by dtype and row width: half as many rows again, plus one (so no row tile divides it)."""
     rows = shape.dims[0] + shape.dims[0] // 2 + 1
-    return Shape(f"held:{shape.name}", (rows, *shape.dims[1:]), shape.dtype, held_back=True)
+    return replace(shape, name=f"held:{shape.name}", dims=(rows, *shape.dims[1:]),
+                   headline=False, held_back=True)
 
 
 @dataclass(frozen=True)
@@ -161,8 +185,7 @@ def load_spec(folder: Path, repo_root: Path, text: str | None = None) -> KernelS
         return UserError(f"{manifest_path}: {what}")
 
     try:
-        shapes = tuple(Shape(s["name"], tuple(s["dims"]), s["dtype"], s.get("headline", False))
-                       for s in manifest["shapes"])
+        shapes = tuple(_shape(s) for s in manifest["shapes"])
         judge_rel = manifest["judge"]
         name = manifest.get("name", folder.name)
     except (KeyError, TypeError, ValueError) as exc:
@@ -180,14 +203,19 @@ def load_spec(folder: Path, repo_root: Path, text: str | None = None) -> KernelS
             raise bad(f"shape {s.name}: dims must be a list of positive integers")
         if not isinstance(s.headline, bool):
             raise bad(f"shape {s.name}: headline must be true or false")
+        if not all(isinstance(k, str) and isinstance(v, (bool, int, float, str))
+                   for k, v in s.param_items):
+            raise bad(f"shape {s.name}: params maps names to numbers, strings or booleans")
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in s.dtype_items):
+            raise bad(f"shape {s.name}: dtypes maps tensor names to dtype names, e.g. "
+                      '{ w = "float32" }')
 
     for s in shapes:
         check(s)
     held = manifest.get("held_back")
     try:
         held_back = (tuple(derived_held_back(s) for s in shapes) if held is None else
-                     tuple(Shape(s["name"], tuple(s["dims"]), s["dtype"], held_back=True)
-                           for s in held))
+                     tuple(_shape(s, held_back=True) for s in held))
     except (KeyError, TypeError, ValueError) as exc:
         raise bad(f"each [[held_back]] shape needs name, dims and dtype "
                   f"({exc.__class__.__name__}: {exc})") from None
@@ -230,6 +258,16 @@ def load_spec(folder: Path, repo_root: Path, text: str | None = None) -> KernelS
             raise bad(str(exc)) from None
     return KernelSpec(name, folder, judge, shapes, frozen,
                       requires_gpu, tolerance, judge_rel, text, tuple(tags), held_back)
+
+
+def _shape(raw: dict, held_back: bool = False) -> Shape:
+    """A [[shapes]] or [[held_back]] table of kernel.toml."""
+    for table in ("params", "dtypes"):
+        if not isinstance(raw.get(table, {}), dict):
+            raise TypeError(f"{table} must be a table, e.g. {table} = {{ ... }}")
+    return Shape(raw["name"], tuple(raw["dims"]), raw["dtype"],
+                 False if held_back else raw.get("headline", False), held_back,
+                 _items(raw.get("params")), _items(raw.get("dtypes")))
 
 
 def import_module(folder: Path, tag: str):
