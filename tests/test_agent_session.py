@@ -6,7 +6,7 @@ STEP_KEYS = {"schema", "command", "ok", "experiment", "incumbent", "stopped", "s
              "next"}
 EXPERIMENT_KEYS = {"iteration", "kind", "optimization", "knob", "value", "describe", "what",
                    "status", "correctness", "latency_ms", "gain", "reason", "commit", "ref"}
-SUGGESTION_KEYS = {"id", "title", "family", "knob", "candidates", "rank", "reason"}
+SUGGESTION_KEYS = {"id", "title", "family", "knob", "knobs", "candidates", "rank", "reason"}
 STATUS_KEYS = {"schema", "command", "ok", "kernel", "run_id", "branch", "kernel_class",
                "intensity_flop_per_byte", "class_basis", "base_commit", "incumbent",
                "baseline_latency_ms", "speedup_vs_baseline", "iterations", "experiments",

@@ -236,6 +236,7 @@ def test_a_catalog_entry_moves_several_knobs_together(scratch):
     code, out, _ = scratch.cli("next", "--kernel", "scripted")
     first = out["suggestions"][0]
     assert first["id"] == "tile_occupancy" and first["knob"] == search.MULTI
+    assert first["knobs"] == ["tile", "occupancy"]
     assert first["candidates"] == [{"tile": [1, 2048], "occupancy": 2},
                                    {"tile": [1, 4096], "occupancy": 4}]
     code, out, _ = scratch.cli("step", "--kernel", "scripted", "--opt", "tile_occupancy",
@@ -834,6 +835,7 @@ def test_a_config_that_wins_only_in_another_bucket_is_found_by_its_own_joint_sea
     code, out, _ = scratch.cli("next", "--kernel", "scripted")
     offered = {sg["id"]: sg for sg in out["suggestions"]}
     assert "fast_math" not in offered["joint"]["reason"]
+    assert offered["joint"]["knobs"] == ["occupancy", "persistent"]
     assert "fast_math" in offered["bucket-joint"]["reason"]
     assert out["suggestions"][0]["id"] in search.IDS  # (the streak of 2 would stop the run)
     # with no stop rule due, the joint searches go before the catalog once its next step and

@@ -1,5 +1,5 @@
 from perfloop import profiling, views
-from perfloop.playbook import thaw
+from perfloop.playbook import MULTI, thaw
 from perfloop.session import Session
 from perfloop.suggest import suggestions
 
@@ -29,6 +29,14 @@ def _profile(s: Session) -> dict | None:
                    "the profile is of an older incumbent: run `perfloop profile` again"}
 
 
+def _moves(sg) -> list[str]:
+    """The knobs a suggestion changes (a joint search's: those its configs set)."""
+    opt = sg.optimization
+    if opt.knob == MULTI and not opt.knobs:
+        return sorted({k for patch in sg.candidates for k in patch})
+    return list(opt.moves)
+
+
 def execute(args):
     s = Session(args.kernel, args.playbook)
     ranked = suggestions(s)
@@ -36,6 +44,7 @@ def execute(args):
             "profile": _profile(s),
             "suggestions": [{"id": sg.optimization.id, "title": sg.optimization.title,
                              "family": sg.optimization.family, "knob": sg.optimization.knob,
+                             "knobs": _moves(sg),
                              "candidates": thaw(sg.candidates), "rank": sg.rank,
                              "reason": sg.reason} for sg in ranked]}
 
@@ -45,7 +54,8 @@ def render(r):
     if r["profile"]:
         lines.insert(0, f"profile {r['profile']['commit'][:12]}: {r['profile']['why']}")
     for sg in r["suggestions"]:
-        lines.append(f"  {sg['id']:<14} rank {sg['rank']:<3} {sg['knob']} in {sg['candidates']}")
+        lines.append(f"  {sg['id']:<14} rank {sg['rank']:<3} {'+'.join(sg['knobs'])} in "
+                     f"{sg['candidates']}")
         lines.append(f"  {'':<14} {sg['reason']}")
     if not r["suggestions"]:
         lines.append("  nothing left to try")
