@@ -13,3 +13,10 @@ class NeedsGPU(UserError):
 
 class CorruptRecord(UserError):
     pass
+
+
+class AfterRecord(UserError):
+    """The experiment was recorded and the run is consistent, but what comes after it (the
+    stop rules, the next suggestions) could not be decided: not 'nothing changed'."""
+
+    exit_code = 1

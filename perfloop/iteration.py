@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 
 from perfloop import (audit, ceilings, decide, dispatch, gitops, phases, progress, records, review,
                       search, table, traffic)
-from perfloop.errors import UserError
+from perfloop.errors import AfterRecord, UserError
 from perfloop.faults import crashpoint
 from perfloop.kernel import KNOBS, knobs_text
 from perfloop.playbook import Optimization, freeze, thaw
@@ -447,7 +447,13 @@ def finish(s: Session, record: records.Experiment) -> None:
             iteration, review.what(record), record.latency_ms, record.correctness, record.status))
     crashpoint("table", iteration)
     state.in_flight = None
-    state.stop = _stop_after(s, record)
+    try:
+        state.stop = _stop_after(s, record)
+    except UserError as exc:  # (kernel.py's canonical() or restrict() failed, say)
+        state.stop = None
+        s.save_state()
+        raise AfterRecord(f"iteration {iteration} was recorded ({record.status}), but what "
+                          f"comes next could not be decided: {exc}") from None
     s.save_state()
 
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from perfloop.errors import UserError
-from perfloop.playbook import freeze, patch_values, read_toml, thaw
+from perfloop.playbook import candidates_key, freeze, patch_values, read_toml, thaw
 
 SHIPPED = Path(__file__).resolve().parent.parent / "kernels"
 MANIFEST, KNOBS, MODULE = "kernel.toml", "knobs.json", "kernel.py"
@@ -188,6 +188,8 @@ def load_spec(folder: Path, repo_root: Path, text: str | None = None) -> KernelS
         shapes = tuple(_shape(s) for s in manifest["shapes"])
         judge_rel = manifest["judge"]
         name = manifest.get("name", folder.name)
+    except _BadTable as exc:
+        raise bad(str(exc)) from None
     except (KeyError, TypeError, ValueError) as exc:
         raise bad(f"needs a judge and [[shapes]] with name, dims and dtype "
                   f"({exc.__class__.__name__}: {exc})") from None
@@ -216,6 +218,8 @@ def load_spec(folder: Path, repo_root: Path, text: str | None = None) -> KernelS
     try:
         held_back = (tuple(derived_held_back(s) for s in shapes) if held is None else
                      tuple(_shape(s, held_back=True) for s in held))
+    except _BadTable as exc:
+        raise bad(str(exc)) from None
     except (KeyError, TypeError, ValueError) as exc:
         raise bad(f"each [[held_back]] shape needs name, dims and dtype "
                   f"({exc.__class__.__name__}: {exc})") from None
@@ -249,22 +253,33 @@ def load_spec(folder: Path, repo_root: Path, text: str | None = None) -> KernelS
         raise bad("the judge must live outside the kernel folder, since the loop may change "
                   "everything inside it")
     frozen = {}
+    knobs_path = folder / KNOBS
+    known = read_knobs(knobs_path) if knobs_path.is_file() else None
     for key, vals in candidates.items():  # "a+b": an entry's values moving a and b together
         together = tuple(key.split("+")) if "+" in key else ()
+        unknown = [k for k in together or (key,) if known is not None and k not in known]
+        if unknown:
+            raise bad(f"[candidates] {key}: {KNOBS} has no knob '{unknown[0]}'")
         try:
-            frozen[key] = (patch_values(vals, together, f"[candidates] {key}") if together
-                           else tuple(freeze(v) for v in vals))
+            frozen[candidates_key(together) if together else key] = (
+                patch_values(vals, together, f"[candidates] {key}") if together
+                else tuple(freeze(v) for v in vals))
         except UserError as exc:
             raise bad(str(exc)) from None
     return KernelSpec(name, folder, judge, shapes, frozen,
                       requires_gpu, tolerance, judge_rel, text, tuple(tags), held_back)
 
 
+class _BadTable(Exception):
+    """A shape's params or dtypes is no table: said as such, not as a missing field."""
+
+
 def _shape(raw: dict, held_back: bool = False) -> Shape:
     """A [[shapes]] or [[held_back]] table of kernel.toml."""
     for table in ("params", "dtypes"):
         if not isinstance(raw.get(table, {}), dict):
-            raise TypeError(f"{table} must be a table, e.g. {table} = {{ ... }}")
+            raise _BadTable(f"shape {raw.get('name')}: {table} must be a table, e.g. "
+                            f"{table} = {{ ... }}")
     return Shape(raw["name"], tuple(raw["dims"]), raw["dtype"],
                  False if held_back else raw.get("headline", False), held_back,
                  _items(raw.get("params")), _items(raw.get("dtypes")))

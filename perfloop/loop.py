@@ -13,7 +13,7 @@ from datetime import date
 from pathlib import Path
 from typing import Callable
 
-from perfloop import audit, confirm, decide, gitops, iteration, kernel, records, traffic
+from perfloop import audit, confirm, decide, gitops, iteration, kernel, records, suggest, traffic
 from perfloop.errors import UserError
 from perfloop.iteration import Proposal
 from perfloop.session import Session, State, sha256_file
@@ -71,6 +71,7 @@ def start(s: Session, new: bool = False) -> tuple[records.Experiment, str | None
     # the benchmark's traffic() is read by the timing process; a wrong one is refused here,
     # in one line, before a branch or a record is written
     traffic.check(kernel.import_module(s.spec.folder, f"contract_{s.spec.name}"), s.spec)
+    suggest.check_space(s)   # (likewise canonical() and restrict())
     previous = gitops.current_branch(s.repo)
     if existing is not None:
         _archive(s, existing)

@@ -39,7 +39,7 @@ class Optimization:
     @property
     def key(self) -> str:
         """Its name in kernel.toml's [candidates]: the knob, or the knobs joined by '+'."""
-        return "+".join(self.knobs) if self.knobs else self.knob
+        return candidates_key(self.knobs) if self.knobs else self.knob
 
     def rank_for(self, kernel_class: str, tags: tuple = ()) -> tuple[int, str]:
         """This entry's rank for a kernel, and what set it: the best rank among the kernel's
@@ -177,12 +177,14 @@ def _section(data: dict, name: str, cls, path: Path):
 
 
 def _optimization(raw: dict, path: Path) -> Optimization:
-    together = tuple(raw.get("knobs", ()))
+    together = raw.get("knobs", ())
+    together = tuple(together) if isinstance(together, list) else together
     try:
-        if together and ("knob" in raw or len(together) < 2
+        if together and (not isinstance(together, tuple) or "knob" in raw or len(together) < 2
+                         or len(set(together)) < len(together)
                          or not all(isinstance(k, str) for k in together)):
-            raise UserError(f"{path}: optimization {raw['id']}: `knobs` names two knobs or "
-                            "more, moved together, in place of `knob`")
+            raise UserError(f"{path}: optimization {raw['id']}: `knobs` is a list of two "
+                            "different knobs or more, moved together, in place of `knob`")
         opt = Optimization(
             id=raw["id"], title=raw["title"], family=raw["family"],
             knob=MULTI if together else raw["knob"],
@@ -205,6 +207,11 @@ def _optimization(raw: dict, path: Path) -> Optimization:
 
 
 MULTI = "*"   # the knob of an optimization whose values are {knob: value} patches
+
+
+def candidates_key(knobs) -> str:
+    """The [candidates] key of an entry moving `knobs` together, in any order: "a+b"."""
+    return "+".join(sorted(knobs))
 
 
 def patch_values(values: list, knobs: tuple, where: str) -> tuple[dict, ...]:

@@ -124,7 +124,8 @@ def show_value(value) -> str:
 
 
 def show_patch(patch: dict) -> str:
-    return ", ".join(f"{k}={show_value(v)}" for k, v in patch.items())
+    """knob=value, ... in the knobs' order (as a record, whose keys are sorted, gives them)."""
+    return ", ".join(f"{k}={show_value(v)}" for k, v in sorted(patch.items()))
 
 
 def _with_incumbent(recs: list[dict], knobs: dict):

@@ -115,3 +115,14 @@ def estimate(s: Session, recs: list[records.Experiment], sg: decide.Suggestion) 
                              spent(recs), screen_above=rules.screen_above,
                              screen_keep=rules.screen_keep,
                              screen_s_per_config=rules.screen_s_per_config)
+
+
+def check_space(s: Session) -> None:
+    """Read the kernel's knob space (canonical(), restrict()) over every catalog candidate from
+    the committed knobs, so a function that fails is refused in one line before a run starts,
+    not after its first experiment."""
+    knobs = s.spec.read_knobs()
+    space = knobspace.space_for(s.spec.folder)
+    for opt in s.playbook.optimizations:
+        if all(k in knobs for k in opt.moves):
+            decide.candidates_for(opt, knobs, s.spec.candidates, space)

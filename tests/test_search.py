@@ -228,9 +228,20 @@ def test_a_catalog_entry_moves_several_knobs_together(scratch):
     scratch.script([{"when": {"tile": [1, 2048], "occupancy": 2}, "factor": {"*": 0.8}}])
     with open(scratch.path / "playbook" / "catalog.toml", "a") as f:
         f.write(TOGETHER_ENTRY)
-    with open(scratch.kernel / "kernel.toml", "a") as f:  # the kernel narrows the entry
-        f.write('\n[candidates]\n"tile+occupancy" = [{tile = [1, 2048], occupancy = 2}, '
-                '{tile = [1, 4096], occupancy = 4}]\n')
+    manifest = scratch.kernel / "kernel.toml"
+    plain = manifest.read_text()
+    for bad, said in (('ocupancy = [1]', "knobs.json has no knob 'ocupancy'"),
+                      ('"tile+num_ctas" = [{tile = [1, 2048], num_ctas = 2}]',
+                       "knobs.json has no knob 'num_ctas'"),
+                      ('"occupancy+tile" = [{tile = [1, 2048]}]', "each value must be a table")):
+        manifest.write_text(f"{plain}\n[candidates]\n{bad}\n")
+        scratch.commit_all("bad candidates")
+        code, out, _ = scratch.cli("init", "--kernel", "scripted")
+        assert code == 2 and said in out["error"] and "\n" not in out["error"], out
+    # the kernel narrows the entry (its knobs named in any order)
+    manifest.write_text(f"{plain}\n[candidates]\n"
+                        '"occupancy+tile" = [{tile = [1, 2048], occupancy = 2}, '
+                        '{tile = [1, 4096], occupancy = 4}]\n')
     scratch.commit_all("an entry of two knobs")
     assert scratch.cli("init", "--kernel", "scripted")[0] == 0
     code, out, _ = scratch.cli("next", "--kernel", "scripted")
@@ -242,13 +253,18 @@ def test_a_catalog_entry_moves_several_knobs_together(scratch):
     code, out, _ = scratch.cli("step", "--kernel", "scripted", "--opt", "tile_occupancy",
                                "--value", '{"tile": [1, 1024], "occupancy": 4}')
     assert code == 2 and "is not a candidate" in out["error"]   # (the kernel's list holds)
+    code, out, _ = scratch.cli("step", "--kernel", "scripted", "--opt", "tile_occupancy",
+                               "--value", '{"tile": [1, 2048]}')
+    assert code == 2 and "is a JSON object of tile, occupancy" in out["error"]
     code, out, err = scratch.cli("step", "--kernel", "scripted", "--opt", "tile_occupancy")
     assert code == 0, err
     rec = scratch.records()[-1]
     assert rec["status"] == "keep" and rec["decision"]["gain"] == pytest.approx(0.2, abs=0.01)
     knobs = json.loads((scratch.kernel / "knobs.json").read_text())
     assert knobs["tile"] == [1, 2048] and knobs["occupancy"] == 2
-    assert "tile_occupancy: tile=1x2048, occupancy=2" in scratch.table()
+    assert "tile_occupancy: occupancy=2, tile=1x2048" in scratch.table()
+    code, status, _ = scratch.cli("status", "--kernel", "scripted")
+    assert status["experiments"][-1]["what"] == "tile_occupancy: occupancy=2, tile=1x2048"
     code, out, _ = scratch.cli("step", "--kernel", "scripted", "--opt", "tile_occupancy",
                                "--value", '{"tile": [1, 2048], "occupancy": 2}')
     assert code == 2 and "already has tile+occupancy=" in out["error"]
@@ -282,11 +298,48 @@ def test_an_entry_of_several_knobs_is_refused_in_one_line_when_malformed(tmp_pat
         "{tile = [1, 4096], occupancy = 4}", "{tile = [1, 4096]}"))
     with pytest.raises(UserError, match="each value must be a table of tile, occupancy"):
         load(tmp_path / "pb")
-    catalog.write_text(shipped + TOGETHER_ENTRY.replace('["tile", "occupancy"]', '["tile"]'))
-    with pytest.raises(UserError, match="names two knobs or more"):
-        load(tmp_path / "pb")
+    for knobs in ('["tile"]', '"tile"', '["tile", "tile"]'):
+        catalog.write_text(shipped + TOGETHER_ENTRY.replace('["tile", "occupancy"]', knobs))
+        with pytest.raises(UserError, match="is a list of two different knobs or more"):
+            load(tmp_path / "pb")
     together = next(o for o in load(SHIPPED).optimizations if o.id == "tile_shape")
     assert together.moves == ("tile",) and together.key == "tile"
+
+
+def test_a_restrict_that_fails_is_refused_before_a_run_and_leaves_a_step_consistent(scratch):
+    kernel_py = scratch.kernel / "kernel.py"
+    plain = kernel_py.read_text()
+    kernel_py.write_text(plain + "\n\ndef restrict(knobs):\n"
+                         "    if knobs['occupancy'] == 8:\n        raise KeyError('boom')\n")
+    scratch.commit_all("a restrict that fails for one candidate")
+    code, out, _ = scratch.cli("init", "--kernel", "scripted")
+    assert code == 2 and "restrict() failed: KeyError" in out["error"]
+    assert scratch.branch() == "main" and not (scratch.path / "sandbox" / "scripted").exists()
+    # one that fails only once a kept change is in force: after that experiment's record
+    scratch.script([{"when": {"fast_math": True}, "factor": {"*": 0.9}}])
+    kernel_py.write_text(plain + "\n\ndef restrict(knobs):\n"
+                         "    if knobs['fast_math'] and knobs['occupancy'] == 2:\n"
+                         "        raise KeyError('boom')\n")
+    scratch.commit_all("a restrict that fails later")
+    assert scratch.cli("init", "--kernel", "scripted")[0] == 0
+    code, out, _ = scratch.cli("step", "--kernel", "scripted", "--opt", "fast_math")
+    assert code == 1 and out["error"].startswith("iteration 1 was recorded (keep)")
+    assert "restrict() failed: KeyError" in out["error"]
+    code, status, _ = scratch.cli("status", "--kernel", "scripted")
+    assert status["in_flight"] is None and status["iterations"] == 2
+    assert status["incumbent"]["iteration"] == 1 and status["incumbent"]["commit"] == scratch.head()
+    assert scratch.table().count("\n| ") == 2   # the baseline's row and fast math's
+    code, out, _ = scratch.cli("next", "--kernel", "scripted")
+    assert code == 2 and "restrict() failed" in out["error"]
+    # fixed where the run started, and started over
+    from conftest import git
+
+    git(scratch.path, "switch", "-q", "main")
+    kernel_py.write_text(plain)
+    scratch.commit_all("restrict fixed")
+    code, out, err = scratch.cli("init", "--kernel", "scripted", "--new")
+    assert code == 0 and out["experiment"]["status"] == "keep", err
+    assert scratch.cli("next", "--kernel", "scripted")[0] == 0
 
 
 @pytest.mark.parametrize("kernel", ["rmsnorm", "softmax"])

@@ -60,7 +60,8 @@ def execute(args):
                                               f"{message[0] if message else ''}"})
                 bar.update(advance=1)
     out = {"kernel": spec.name, "archs": archs, "variants": len(combos),
-           "dtypes": sorted({s.dtype for s in spec.shapes}), "compiled": len(combos) * len(archs),
+           "dtypes": sorted({d for s in spec.shapes for d in (s.dtype, *s.dtypes.values())}),
+           "compiled": len(combos) * len(archs),
            "failures": failures, "seconds": round(time.monotonic() - t0, 1),
            "coverage": "all combinations" if args.all else "every value pair",
            "ruled_out": ruled_out}   # combinations (--all) or value pairs restrict() rules out

@@ -1,3 +1,5 @@
+import json
+
 from perfloop import profiling, views
 from perfloop.playbook import MULTI, thaw
 from perfloop.session import Session
@@ -55,7 +57,7 @@ def render(r):
         lines.insert(0, f"profile {r['profile']['commit'][:12]}: {r['profile']['why']}")
     for sg in r["suggestions"]:
         lines.append(f"  {sg['id']:<14} rank {sg['rank']:<3} {'+'.join(sg['knobs'])} in "
-                     f"{sg['candidates']}")
+                     f"{json.dumps(sg['candidates'])}")
         lines.append(f"  {'':<14} {sg['reason']}")
     if not r["suggestions"]:
         lines.append("  nothing left to try")

@@ -72,7 +72,10 @@ def _playbook_proposal(s: Session, opt_id: str, value_text: str | None) -> Propo
                             "restrict())")
         return Proposal(Kind.PLAYBOOK, opt, values)
     value = _parse_value(value_text)
-    if opt.knobs and isinstance(value, dict):  # a patch, as JSON: {"tile": [..], "num_ctas": 2}
+    if opt.knobs:  # a patch, as JSON: {"tile": [..], "num_ctas": 2}
+        if not isinstance(value, dict) or set(value) != set(opt.knobs):
+            raise UserError(f"a value of '{opt.id}' is a JSON object of {', '.join(opt.knobs)}"
+                            f", e.g. {json.dumps(thaw(allowed[0]))}")
         value = {k: freeze(v) for k, v in value.items()}
     if value not in allowed:
         raise UserError(f"value {value_text} is not a candidate of '{opt.id}' (candidates: "
