@@ -96,7 +96,7 @@ def test_domains_hold_every_candidate_the_playbook_can_set():
                         {"memory-bound": 1}, "", knobs=("tile", "occupancy"))
     doms = variants.domains(dataclasses.replace(pb, optimizations=(both,)),
                             {"occupancy": None, "tile": (1, 1024)},
-                            {"tile+occupancy": ({"tile": (1, 64), "occupancy": 2},)})
+                            {"occupancy+tile": ({"tile": (1, 64), "occupancy": 2},)})
     assert doms == {"occupancy": [None, 2], "tile": [(1, 1024), (1, 64)]}
     doms = variants.domains(dataclasses.replace(pb, optimizations=(both,)),
                             {"occupancy": None, "tile": (1, 1024)}, {})
