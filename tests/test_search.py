@@ -499,6 +499,36 @@ def test_a_larger_joint_space_is_sampled_by_tpe_rebuilt_from_the_record():
     assert set(_texts(again.patches)) != set(texts)
 
 
+def test_a_sampled_space_measures_every_config_of_an_interacting_pair_first():
+    pytest.importorskip("optuna")
+    # the H100 RMSNorm run's wide-row bucket: occupancy 2 ran 1.7x slower beside 2 rows per
+    # block (block_elems 32768, in force) and was the best value beside 1 row; TPE, told the
+    # one-knob ratios, left out every config with occupancy 2
+    recs = [_step("block_elems", 32768, {8192: 0.99, 16384: 0.995, 65536: 1.3, None: 1.3}),
+            _step("occupancy", None, {1: 0.999, 2: 1.68, 4: 1.0, 8: 3.0, 16: 1.01}, iteration=2),
+            _step("split_row", False, {True: 1.0}, iteration=3),
+            _step("latency", None, {2: 0.99, 4: 0.995, 8: 1.0}, iteration=4)]
+    knobs = {"block_elems": 32768, "occupancy": None, "split_row": False, "latency": None}
+    pair = [("block_elems", "occupancy")]
+    plan = search.joint_plan(recs, knobs, "head", 0.03, 30, pair)
+    # 5 x 6 x 2 x 4 configs, less the one in force and 13 that move one knob
+    assert plan.sampler == search.TPE and plan.space == 226 and len(plan.patches) == 30
+    paired = [p for p in plan.patches if set(p) == {"block_elems", "occupancy"}]
+    assert plan.paired == len(paired) == 4 * 5 and plan.patches[:20] == paired
+    assert all({"block_elems": b, "occupancy": 2} in plan.patches
+               for b in (8192, 16384, 65536, None))
+    assert len(set(_texts(plan.patches))) == 30 and all(len(p) >= 2 for p in plan.patches)
+    assert plan.as_record()["interacting_pairs"] == 20
+    assert "one pair of interacting knobs" in plan.said()
+    # the pair's configs are not measured again: the next search samples the rest
+    done = _joint(plan.patches, {f"candidate-{i}": 1.0 + i / 1000 for i in range(30)}, 5)
+    again = search.joint_plan(recs + [done], knobs, "head", 0.03, 30, pair)
+    assert again.paired == 0 and len(again.patches) == 30
+    assert not set(_texts(again.patches)) & set(_texts(plan.patches))
+    # more pairs than the cap: the cap holds
+    assert len(search.joint_plan(recs, knobs, "head", 0.03, 12, pair).patches) == 12
+
+
 def test_the_measured_configs_follow_the_incumbent_through_the_record():
     baseline = {"iteration": 0, "kind": "baseline", "status": "keep", "optimization": "baseline",
                 "knobs": {k: 1 for k in "abcd"}}
