@@ -105,7 +105,8 @@ def stop_reason(iteration: int, verdicts: list[Verdict], rules: Stop, remaining:
     while `searches` of them are on offer, only the iteration limit and the roofline stop it.
     `floor_shares`: the incumbent's share of the physical floor per shape. `spent_s`: the
     wall time of each experiment so far, baseline included; `next_s`: the next one's estimate
-    (perfloop.budget; None: as long as the slowest so far; 0: there is none)."""
+    (perfloop.budget; None: as long as the slowest so far; 0: there is none), where the
+    experiments that fit the budget go first (suggest.suggestions)."""
     if iteration >= rules.max_iterations:
         return vocab.Stop(StopReason.MAX_ITERATIONS,
                           f"reached the iteration limit ({rules.max_iterations})")
@@ -116,7 +117,7 @@ def stop_reason(iteration: int, verdicts: list[Verdict], rules: Stop, remaining:
             return vocab.Stop(StopReason.TIME_BUDGET,
                               f"time budget: {sum(spent_s):.0f} s of experiments spent, and the "
                               f"next, estimated at {ahead:.0f} s, would pass the {budget:g} s "
-                              "budget")
+                              "budget" + ("" if next_s is None else " (none on offer fits)"))
     share = rules.roofline_share
     if share and floor_shares and min(floor_shares.values()) >= share:
         worst = min(floor_shares, key=floor_shares.get)

@@ -489,7 +489,7 @@ def stop_inputs(s: Session, recs: list[records.Experiment]) -> tuple:
 
 
 def _stop_after(s: Session, record: records.Experiment) -> Stop | None:
-    from perfloop.suggest import catalog, estimate, searches, suggestions
+    from perfloop.suggest import catalog, estimate, searches, spent, suggestions
 
     if record.kind == Kind.BASELINE and record.status != Status.KEEP:
         return Stop(StopReason.BASELINE_FAILED,
@@ -501,7 +501,7 @@ def _stop_after(s: Session, record: records.Experiment) -> Stop | None:
                               len(catalog(s, recs)) if verdicts_ else 1, searched=searched,
                               searches=len(searches(s, recs)),
                               floor_shares=floor_shares(s, recs),
-                              spent_s=tuple(r.finished_at - r.started_at for r in recs),
+                              spent_s=tuple(x.seconds for x in spent(recs)),
                               next_s=estimate(s, recs, ahead[0]) if ahead else 0.0)
 
 

@@ -607,6 +607,41 @@ def test_a_run_stops_when_its_next_suggestion_would_pass_the_time_budget(scratch
     assert "s of experiments spent, and the next, estimated at" in stopped["stopped"]
 
 
+def test_an_experiment_over_what_is_left_of_the_budget_waits_behind_one_that_fits(
+        scratch, monkeypatch):
+    # on the H100 RMSNorm stopped with 72 s of its budget left before a 91 s joint search,
+    # while a one-candidate step (persistent, about as long as the slowest step) was on offer
+    scratch.rules(time_budget_s="300")
+    scratch.commit_all("a budget of 300 s")
+    assert scratch.cli("init", "--kernel", "scripted")[0] == 0
+    monkeypatch.chdir(scratch.path)
+    from perfloop import iteration, suggest
+    from perfloop.session import Session
+
+    code, out, err = scratch.cli("step", "--kernel", "scripted", "--opt", "fast_math")
+    assert code == 0, err
+    session = Session("scripted")
+    ranked = [sg.optimization.id for sg in suggest.suggestions(session)]
+    # 200 s spent in 4 experiments of 50 s: a step of 5 candidates is estimated at 50 x 7/3 s,
+    # one of a single candidate at 50 s; 100 s are left
+    monkeypatch.setattr(suggest, "spent", lambda recs: [budget.Spent(budget.STEP, 50.0)] * 4)
+    fit = suggest.suggestions(session)
+    sizes = {sg.optimization.id: len(sg.candidates) for sg in fit}
+    assert sizes[ranked[0]] > 2, sizes      # the first by rank does not fit ...
+    assert sorted(sg.optimization.id for sg in fit) == sorted(ranked)
+    fitting = [i for i in ranked if sizes[i] <= 2]
+    assert [sg.optimization.id for sg in fit] == fitting + [i for i in ranked if i not in fitting]
+    assert all("left of the time budget" in sg.reason for sg in fit[len(fitting):])
+    assert not any("left of the time budget" in sg.reason for sg in fit[:len(fitting)])
+    # ... so the one that fits runs, and the run goes on
+    assert iteration._stop_after(session, session.records()[-1]) is None
+    # with 20 s left, none fits: the run stops, and says so
+    monkeypatch.setattr(suggest, "spent", lambda recs: [budget.Spent(budget.STEP, 70.0)] * 4)
+    assert [sg.optimization.id for sg in suggest.suggestions(session)] == ranked
+    stop = iteration._stop_after(session, session.records()[-1])
+    assert stop.reason is StopReason.TIME_BUDGET and stop.detail.endswith("(none on offer fits)")
+
+
 def _estimate(kind, candidates, spent):
     return budget.estimate_s(kind, candidates, spent, screen_above=8, screen_keep=4,
                              screen_s_per_config=1.5)
