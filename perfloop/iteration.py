@@ -475,7 +475,6 @@ def floor_shares(s: Session, recs: list[records.Experiment]) -> dict[str, float]
     """The incumbent's share of the physical floor per benchmark shape, each from the latest
     experiment in the incumbent's line that timed it (review.incumbent_timed; None where a
     shape has no floor, e.g. on the CPU)."""
-
     shares = {sh.name: (review.incumbent_timed(recs, s.state.incumbent, sh.name)[1] or {}
                         ).get("share_of_floor") for sh in s.spec.shapes}
     return shares if shares and None not in shares.values() else None
@@ -496,10 +495,12 @@ def _stop_after(s: Session, record: records.Experiment) -> Stop | None:
                     f"the baseline did not pass ({record.reason}); fix the kernel first")
     recs = s.records()
     iteration_, verdicts_, searched = stop_inputs(s, recs)
-    ahead = suggestions(s)[:1] if s.playbook.rules.stop.time_budget_s else []
+    ranked, extra = catalog(s, recs), searches(s, recs)
+    ahead = (suggestions(s, recs, ranked, extra)[:1] if s.playbook.rules.stop.time_budget_s
+             else [])
     return decide.stop_reason(iteration_, verdicts_, s.playbook.rules.stop,
-                              len(catalog(s, recs)) if verdicts_ else 1, searched=searched,
-                              searches=len(searches(s, recs)),
+                              len(ranked) if verdicts_ else 1, searched=searched,
+                              searches=len(extra),
                               floor_shares=floor_shares(s, recs),
                               spent_s=tuple(x.seconds for x in spent(recs)),
                               next_s=estimate(s, recs, ahead[0]) if ahead else 0.0)

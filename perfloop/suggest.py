@@ -85,11 +85,14 @@ def searches(s: Session, recs: list[records.Experiment] | None = None
     return out
 
 
-def suggestions(s: Session) -> list[decide.Suggestion]:
-    """Everything worth trying now, best first."""
-    recs = s.records()
-    ranked = catalog(s, recs)
-    extra = searches(s, recs)
+def suggestions(s: Session, recs: list[records.Experiment] | None = None,
+                ranked: list[decide.Suggestion] | None = None,
+                extra: list[decide.Suggestion] | None = None) -> list[decide.Suggestion]:
+    """Everything worth trying now, best first; `ranked` and `extra`: catalog(s, recs) and
+    searches(s, recs), when the caller has them."""
+    recs = s.records() if recs is None else recs
+    ranked = catalog(s, recs) if ranked is None else ranked
+    extra = searches(s, recs) if extra is None else extra
     first = [sg for sg in extra if sg.optimization.id == search.DISPATCH]
     joint = [sg for sg in extra if sg.optimization.id in (search.JOINT, search.BUCKET_JOINT)]
     from perfloop.iteration import floor_shares, stop_inputs  # (iteration imports this module)

@@ -1,5 +1,6 @@
 """`perfloop check`: ahead-of-time compilation of every variant, on a machine without a GPU."""
 
+import json
 import shutil
 
 import pytest
@@ -42,6 +43,12 @@ def test_the_committed_dispatch_tables_variants_are_compiled_too(tmp_path):
     assert code == 1, err
     failures = [line for line in out.splitlines() if line.startswith("FAIL")]
     assert len(failures) == 1 and "tile=[1, 96]" in failures[0], out
+    # the JSON counts what compiled, as the text does: the variants less the failures
+    code, out, err = human(repo, "check", "--kernel", "kernels/broken", "--arch", "sm_90",
+                           "--json")
+    result = json.loads(out.strip().splitlines()[-1])
+    assert code == 1 and len(result["failures"]) == 1, err
+    assert result["compiled"] == result["variants"] - 1 > 0
 
 
 def test_pairwise_set_covers_every_pair_and_starts_with_the_committed_knobs():

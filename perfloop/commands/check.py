@@ -61,7 +61,7 @@ def execute(args):
                 bar.update(advance=1)
     out = {"kernel": spec.name, "archs": archs, "variants": len(combos),
            "dtypes": sorted({d for s in spec.shapes for d in (s.dtype, *s.dtypes.values())}),
-           "compiled": len(combos) * len(archs),
+           "compiled": len(combos) * len(archs) - len(failures),
            "failures": failures, "seconds": round(time.monotonic() - t0, 1),
            "coverage": "all combinations" if args.all else "every value pair",
            "ruled_out": ruled_out}   # combinations (--all) or value pairs restrict() rules out
@@ -74,7 +74,7 @@ def execute(args):
 def render(r):
     lines = [f"{r['kernel']}: {r['variants']} variants ({r['coverage']}) x {len(r['archs'])} "
              f"targets ({', '.join(r['archs'])}), dtypes {', '.join(r['dtypes'])}: "
-             f"{r['compiled'] - len(r['failures'])} compiled, {len(r['failures'])} failed "
+             f"{r['compiled']} compiled, {len(r['failures'])} failed "
              f"in {r['seconds']} s"]
     if r["ruled_out"]:
         what = "combinations" if r["coverage"] == "all combinations" else "value pairs"
