@@ -100,24 +100,26 @@ def suggestions(s: Session, recs: list[records.Experiment] | None = None,
     joint = search.by_headroom(joint, floor_shares(s, recs), s.spec.headline.name)
 
     iteration, verdicts, searched = stop_inputs(s, recs)
-    would_stop = bool(verdicts) and decide.stop_reason(
+    stop_due = bool(verdicts) and decide.stop_reason(
         iteration, verdicts, s.playbook.rules.stop, len(ranked), searched=searched) is not None
     # the joint searches go first, too, when the budget has room for little more than them
     reserve = joint[:s.playbook.rules.search.budget_reserve]
     done = spent(recs)
     limit = s.playbook.rules.stop.time_budget_s
-    would_stop |= budget.over(done, [estimate(s, recs, sg, done) for sg in first + ranked[:1]
-                                     + reserve], limit)
-    ordered = first + (joint + ranked if would_stop else ranked + joint)
+    short = budget.over(done, [estimate(s, recs, sg, done) for sg in first + ranked[:1]
+                                + reserve], limit)
+    ordered = first + (joint + ranked if stop_due or short else ranked + joint)
     if not limit:
         return ordered
     # an experiment that would end past the budget goes behind those that fit: the run stops
     # only when none does (on the H100 RMSNorm stopped with 72 s left before a joint search
-    # estimated at 91 s, while a one-candidate step estimated at 71 s was on offer)
-    planned = [estimate(s, recs, sg, done) for sg in ordered]
+    # estimated at 91 s, while a one-candidate step estimated at 71 s was on offer). A stop
+    # rule that only the searches hold off lets no catalog step in ahead of them.
+    movable, behind = (first + joint, ranked) if stop_due else (ordered, [])
+    planned = [estimate(s, recs, sg, done) for sg in movable]
     left = limit - sum(x.seconds for x in done)
-    return [_over(ordered[i], planned[i], left) if budget.over(done, [planned[i]], limit)
-            else ordered[i] for i in budget.fitting_first(planned, done, limit)]
+    return [_over(movable[i], planned[i], left) if budget.over(done, [planned[i]], limit)
+            else movable[i] for i in budget.fitting_first(planned, done, limit)] + behind
 
 
 def _over(sg: decide.Suggestion, planned_s: float, left_s: float) -> decide.Suggestion:

@@ -642,6 +642,32 @@ def test_an_experiment_over_what_is_left_of_the_budget_waits_behind_one_that_fit
     assert stop.reason is StopReason.TIME_BUDGET and stop.detail.endswith("(none on offer fits)")
 
 
+def test_a_stop_held_off_by_the_searches_lets_no_catalog_step_in_ahead_of_them(
+        scratch, monkeypatch):
+    scratch.script(TOGETHER_SMALL)
+    scratch.rules(time_budget_s="300")
+    scratch.commit_all("script, a budget of 300 s")
+    assert scratch.cli("init", "--kernel", "scripted")[0] == 0
+    for opt in ("fast_math", "occupancy", "persistent"):
+        code, out, err = scratch.cli("step", "--kernel", "scripted", "--opt", opt)
+        assert code == 0 and out["experiment"]["status"] == "revert", err
+    monkeypatch.chdir(scratch.path)
+    from perfloop import iteration, suggest
+    from perfloop.session import Session
+
+    session = Session("scripted")
+    # 3 reverts in a row: the streak stops the run once the joint searches are done. 240 s
+    # spent, 60 left: the catalog's tile step (30 s by the steps before) would fit, the joint
+    # searches (150 s and more, by the one before) would not
+    steps = [budget.Spent(budget.STEP, 30.0, timed=6)] * 3
+    monkeypatch.setattr(suggest, "spent",
+                        lambda recs: steps + [budget.Spent(budget.JOINT, 150.0, timed=5)])
+    ids = [sg.optimization.id for sg in suggest.suggestions(session)]
+    assert ids[0] in search.IDS and "tile_shape" in ids, ids
+    stop = iteration._stop_after(session, session.records()[-1])
+    assert stop.reason is StopReason.TIME_BUDGET, stop
+
+
 def _estimate(kind, candidates, spent):
     return budget.estimate_s(kind, candidates, spent, screen_above=8, screen_keep=4,
                              screen_s_per_config=1.5)
