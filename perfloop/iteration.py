@@ -498,12 +498,24 @@ def _stop_after(s: Session, record: records.Experiment) -> Stop | None:
     ranked, extra = catalog(s, recs), searches(s, recs)
     ahead = (suggestions(s, recs, ranked, extra)[:1] if s.playbook.rules.stop.time_budget_s
              else [])
-    return decide.stop_reason(iteration_, verdicts_, s.playbook.rules.stop,
-                              len(ranked) if verdicts_ else 1, searched=searched,
-                              searches=len(extra),
-                              floor_shares=floor_shares(s, recs),
-                              spent_s=tuple(x.seconds for x in spent(recs)),
-                              next_s=estimate(s, recs, ahead[0]) if ahead else 0.0)
+    next_s = estimate(s, recs, ahead[0]) if ahead else 0.0
+    shares, spent_s = floor_shares(s, recs), tuple(x.seconds for x in spent(recs))
+
+    def reason(searches_: int, next_s_: float) -> Stop | None:
+        return decide.stop_reason(iteration_, verdicts_, s.playbook.rules.stop,
+                                  len(ranked) if verdicts_ else 1, searched=searched,
+                                  searches=searches_, floor_shares=shares, spent_s=spent_s,
+                                  next_s=next_s_)
+
+    stop = reason(len(extra), next_s)
+    if stop and stop.reason is StopReason.TIME_BUDGET:
+        # a rule that only the searches held off is what ends the run when the next does not
+        # fit (no catalog step goes ahead of them then, though one may fit: suggest.py)
+        held = reason(0, 0.0)
+        if held is not None:
+            return Stop(held.reason, f"{held.detail} (and the next experiment on offer, "
+                                     f"estimated at {next_s:.0f} s, would pass the time budget)")
+    return stop
 
 
 def recover(s: Session) -> Proposal | None:

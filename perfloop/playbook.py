@@ -65,7 +65,7 @@ class Stop:
     no_improvement_streak: int
     max_iterations: int
     roofline_share: float | None = None  # stop when every shape is this close to its floor
-    time_budget_s: float | None = None   # stop before an iteration that would end past this
+    time_budget_s: float | None = None   # seconds of experiments; see suggest.suggestions
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,7 @@ class Search:
     joint_margin: float = 0.03      # one-knob values this close to the best join the search
     joint_max_configs: int = 30
     interactions: tuple = ()        # pairs of knobs searched together whenever one is
+    pair_share: float = 2 / 3       # of a sampled joint search: configs moving one pair only
     screen_above: int = 8           # an experiment with more candidates is screened first:
     screen_keep: int = 4            # timed at the headline only, the fastest few go on
     screen_rounds: int = 3

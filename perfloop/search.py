@@ -246,7 +246,8 @@ def joint_space(recs: list[dict], knobs: dict, headline: str, margin: float,
 
 def joint_plan(recs: list[dict], knobs: dict, headline: str, margin: float,
                max_configs: int, interactions: list, at: str | None = None,
-               worth: Callable[[dict], bool] | None = None) -> JointPlan:
+               worth: Callable[[dict], bool] | None = None,
+               pair_share: float = 2 / 3) -> JointPlan:
     """Patches {knob: value} over the incumbent's plain knobs that move two knobs or more from
     what is in force at the headline (its bucket's dispatch included), the most promising
     first (by the product of the one-knob ratios), at most max_configs; empty unless two knobs
@@ -260,7 +261,8 @@ def joint_plan(recs: list[dict], knobs: dict, headline: str, margin: float,
     `at`: plan for another benchmark shape's bucket instead (a bucket joint search): its
     one-knob ratios, the knobs in force there, its measured configs. `worth(patch)`: whether a
     patch is worth measuring (by the kernel's knob space: it builds another kernel, and can
-    work); the others are never counted, sampled or proposed."""
+    work); the others are never counted, sampled or proposed. `pair_share`: the share of
+    max_configs that configs moving one interacting pair only take first, in a larger space."""
     shape = at or headline
     measured = _measured(recs, shape)
     in_force = dispatch.knobs_for(knobs, headline_bucket(recs, shape) or "")
@@ -323,15 +325,21 @@ def joint_plan(recs: list[dict], knobs: dict, headline: str, margin: float,
     # their one-knob ratios say nothing about them moved together (H100 RMSNorm, wide rows:
     # occupancy 2 ran 1.7x slower at 2 rows per block and was the best value at 1 row; TPE,
     # told the former, left out every config with occupancy 2). The configs that move one
-    # such pair only are taken first, neither sampled nor ranked out.
+    # such pair only are taken first (up to pair_share of the cap, the rest left to the
+    # sampler), spread over their values so that a cut never drops a value whole.
     pair_knobs = [set(pair) for pair in interactions]
-    pairs = [key for key, c in allowed.items() if set(c) in pair_knobs][:max_configs]
-    rest = {key: c for key, c in allowed.items() if key not in set(pairs)}
+    pairs = _spread([key for key, c in allowed.items() if set(c) in pair_knobs], allowed)
+    others = len(allowed) - len(pairs)
+    pairs = pairs[:max(max_configs - others, int(pair_share * max_configs + 1e-9))]
+    in_pairs = set(pairs)
+    rest = {key: c for key, c in allowed.items() if key not in in_pairs}
     want = min(max_configs - len(pairs), len(rest))
     seed = len(recs)
     # a config measured more than once (each one-knob step's incumbent) is told its latest ratio
     latest = list({_key(c, names): (c, r) for c, r in told if r is not None}.values())
-    picked, note = tpe_choose(names, space, latest, rest, want, seed) if want else ([], "")
+    picked, note = (tpe_choose(names, space, latest, rest, want, seed) if want else
+                    (None, "the interacting pairs fill the cap" if rest
+                     else "nothing is left to sample beside the interacting pairs"))
     head = [allowed[key] for key in pairs]
     if picked is None:
         return JointPlan(out(head + list(rest.values())[:want]), RANKING, len(changes),
@@ -341,6 +349,21 @@ def joint_plan(recs: list[dict], knobs: dict, headline: str, margin: float,
     filled = [c for key, c in rest.items() if key not in taken][:want - len(chosen)]
     return JointPlan(out(head + chosen + filled), TPE, len(changes), told=len(latest),
                      seed=seed, filled=len(filled), paired=len(pairs), **where)
+
+
+def _spread(keys: list, configs: dict) -> list:
+    """`keys` reordered so that each (knob, value) their configs move comes once before any
+    comes twice: each next the first in order that moves the most values not yet taken."""
+    left, out, taken = list(keys), [], set()
+    while left:
+        new = [len(set(configs[k].items()) - taken) for k in left]
+        if not max(new):
+            taken = set()
+            continue
+        key = left.pop(new.index(max(new)))
+        out.append(key)
+        taken |= set(configs[key].items())
+    return out
 
 
 def _key(config: dict, names: list) -> tuple:
@@ -473,8 +496,8 @@ def benchmark_buckets(recs: list[dict], headline: str) -> list[tuple[str, str]]:
 
 def bucket_joint_plans(recs: list[dict], knobs: dict, headline: str, margin: float,
                        max_configs: int, interactions: list,
-                       worth: Callable[[dict, str], bool] | None = None
-                       ) -> list[tuple[dict, JointPlan]]:
+                       worth: Callable[[dict, str], bool] | None = None,
+                       pair_share: float = 2 / 3) -> list[tuple[dict, JointPlan]]:
     """For each bucket not tried since the last kept change: (the dispatch tables to measure,
     each the kept table with one joint patch in that bucket's entry; the plan), planned from
     the one-knob ratios at the bucket's benchmark shape. `worth(table, bucket)`: whether a
@@ -488,7 +511,8 @@ def bucket_joint_plans(recs: list[dict], knobs: dict, headline: str, margin: flo
             return dispatch.merged(current, {bucket: patch})
 
         plan = joint_plan(recs, knobs, headline, margin, max_configs, interactions, at=shape,
-                          worth=worth and (lambda p, b=bucket: worth(table_of(p), b)))
+                          worth=worth and (lambda p, b=bucket: worth(table_of(p), b)),
+                          pair_share=pair_share)
         if plan.patches:
             out.append(([table_of(p) for p in plan.patches], plan))
     return out

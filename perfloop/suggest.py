@@ -58,7 +58,8 @@ def searches(s: Session, recs: list[records.Experiment] | None = None
         plan = search.joint_plan(
             recs, knobs, s.spec.headline.name, rules.joint_margin, rules.joint_max_configs,
             list(rules.interactions),
-            worth=lambda p: space.worth(knobs, search.apply_joint(knobs, p, where), where))
+            worth=lambda p: space.worth(knobs, search.apply_joint(knobs, p, where), where),
+            pair_share=rules.pair_share)
         patches = plan.patches
         if patches:
             values = tuple(patches)
@@ -70,7 +71,8 @@ def searches(s: Session, recs: list[records.Experiment] | None = None
     for tables, plan in search.bucket_joint_plans(
             recs, knobs, s.spec.headline.name, rules.joint_margin, rules.joint_max_configs,
             list(rules.interactions),
-            worth=lambda t, b: space.worth(knobs, {**knobs, dispatch.KEY: t}, b)):
+            worth=lambda t, b: space.worth(knobs, {**knobs, dispatch.KEY: t}, b),
+            pair_share=rules.pair_share):
         bucket = plan.bucket
         if tables:
             values = tuple(tables)

@@ -525,8 +525,25 @@ def test_a_sampled_space_measures_every_config_of_an_interacting_pair_first():
     again = search.joint_plan(recs + [done], knobs, "head", 0.03, 30, pair)
     assert again.paired == 0 and len(again.patches) == 30
     assert not set(_texts(again.patches)) & set(_texts(plan.patches))
-    # more pairs than the cap: the cap holds
-    assert len(search.joint_plan(recs, knobs, "head", 0.03, 12, pair).patches) == 12
+    # a smaller cap: the pairs take 2/3 of it, spread so that no value is left out whole
+    small = search.joint_plan(recs, knobs, "head", 0.03, 12, pair)
+    assert len(small.patches) == 12 and small.paired == 8
+    heads = small.patches[:8]
+    assert {p["occupancy"] for p in heads} == {1, 2, 4, 8, 16}
+    assert {p["block_elems"] for p in heads} == {8192, 16384, 65536, None}
+    # more pairs than their share (20 + 15 with latency x occupancy): 20, every value of the
+    # three knobs among them, and TPE chooses the other 10
+    two = [*pair, ("latency", "occupancy")]
+    both = search.joint_plan(recs, knobs, "head", 0.03, 30, two)
+    assert both.paired == 20 and both.sampler == search.TPE and len(both.patches) == 30
+    heads = both.patches[:20]
+    assert {p["occupancy"] for p in heads} == {1, 2, 4, 8, 16}
+    assert {p.get("latency") for p in heads} >= {2, 4, 8}
+    assert {p.get("block_elems", 32768) for p in heads} >= {8192, 16384, 65536, None}
+    # pairs that fill the whole cap leave nothing to TPE, and the plan does not say it chose
+    full = search.joint_plan(recs, knobs, "head", 0.03, 30, two, pair_share=1.0)
+    assert full.paired == 30 and full.sampler == search.RANKING
+    assert "TPE" not in full.said() and "fill the cap" in full.said()
 
 
 def test_the_measured_configs_follow_the_incumbent_through_the_record():
@@ -626,10 +643,11 @@ def test_an_experiment_over_what_is_left_of_the_budget_waits_behind_one_that_fit
     # one of a single candidate at 50 s; 100 s are left
     monkeypatch.setattr(suggest, "spent", lambda recs: [budget.Spent(budget.STEP, 50.0)] * 4)
     fit = suggest.suggestions(session)
-    sizes = {sg.optimization.id: len(sg.candidates) for sg in fit}
-    assert sizes[ranked[0]] > 2, sizes      # the first by rank does not fit ...
+    recs = session.records()
+    fits = {sg.optimization.id: suggest.estimate(session, recs, sg) <= 100 for sg in fit}
+    assert not fits[ranked[0]] and any(fits.values()), fits  # the first by rank does not fit
     assert sorted(sg.optimization.id for sg in fit) == sorted(ranked)
-    fitting = [i for i in ranked if sizes[i] <= 2]
+    fitting = [i for i in ranked if fits[i]]
     assert [sg.optimization.id for sg in fit] == fitting + [i for i in ranked if i not in fitting]
     assert all("left of the time budget" in sg.reason for sg in fit[len(fitting):])
     assert not any("left of the time budget" in sg.reason for sg in fit[:len(fitting)])
@@ -662,10 +680,15 @@ def test_a_stop_held_off_by_the_searches_lets_no_catalog_step_in_ahead_of_them(
     steps = [budget.Spent(budget.STEP, 30.0, timed=6)] * 3
     monkeypatch.setattr(suggest, "spent",
                         lambda recs: steps + [budget.Spent(budget.JOINT, 150.0, timed=5)])
-    ids = [sg.optimization.id for sg in suggest.suggestions(session)]
-    assert ids[0] in search.IDS and "tile_shape" in ids, ids
+    offered = suggest.suggestions(session)
+    ids = [sg.optimization.id for sg in offered]
+    assert ids == ["joint", "bucket-joint", "tile_shape"], ids
+    assert "left of the time budget" in offered[0].reason
+    assert "left of the time budget" not in offered[-1].reason   # it would fit
+    # the streak the searches held off ends the run, and says why now
     stop = iteration._stop_after(session, session.records()[-1])
-    assert stop.reason is StopReason.TIME_BUDGET, stop
+    assert stop.reason is StopReason.NO_IMPROVEMENT, stop
+    assert "consecutive iterations" in stop.detail and "estimated at 150 s" in stop.detail
 
 
 def _estimate(kind, candidates, spent):
