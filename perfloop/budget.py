@@ -80,11 +80,3 @@ def over(spent: list[Spent], planned_s: list[float], budget: float | None) -> bo
     return bool(budget and spent
                 and sum(x.seconds for x in spent) + sum(planned_s) > budget)
 
-
-def fitting_first(planned_s: list[float], spent: list[Spent], budget: float | None
-                  ) -> list[int]:
-    """The order of experiments (indices into their estimates) under the budget: those that
-    fit in what is left of it first, each group in its own order. Nothing moves without a
-    budget, or when all fit or none does."""
-    fits = [not over(spent, [x], budget) for x in planned_s]
-    return ([i for i, ok in enumerate(fits) if ok] + [i for i, ok in enumerate(fits) if not ok])

@@ -498,8 +498,9 @@ def _stop_after(s: Session, record: records.Experiment) -> Stop | None:
     ranked, extra = catalog(s, recs), searches(s, recs)
     ahead = (suggestions(s, recs, ranked, extra)[:1] if s.playbook.rules.stop.time_budget_s
              else [])
-    next_s = estimate(s, recs, ahead[0]) if ahead else 0.0
-    shares, spent_s = floor_shares(s, recs), tuple(x.seconds for x in spent(recs))
+    done = spent(recs)
+    next_s = estimate(s, recs, ahead[0], done) if ahead else 0.0
+    shares, spent_s = floor_shares(s, recs), tuple(x.seconds for x in done)
 
     def reason(searches_: int, next_s_: float) -> Stop | None:
         return decide.stop_reason(iteration_, verdicts_, s.playbook.rules.stop,

@@ -108,20 +108,20 @@ def suggestions(s: Session, recs: list[records.Experiment] | None = None,
     reserve = joint[:s.playbook.rules.search.budget_reserve]
     done = spent(recs)
     limit = s.playbook.rules.stop.time_budget_s
-    short = budget.over(done, [estimate(s, recs, sg, done) for sg in first + ranked[:1]
-                                + reserve], limit)
-    ordered = first + (joint + ranked if stop_due or short else ranked + joint)
     if not limit:
-        return ordered
+        return first + (joint + ranked if stop_due else ranked + joint)
+    planned = {id(sg): estimate(s, recs, sg, done) for sg in first + ranked + joint}
+    short = budget.over(done, [planned[id(sg)] for sg in first + ranked[:1] + reserve], limit)
+    ordered = first + (joint + ranked if stop_due or short else ranked + joint)
     # an experiment that would end past the budget goes behind those that fit: the run stops
     # only when none does (on the H100 RMSNorm stopped with 72 s left before a joint search
     # estimated at 91 s, while a one-candidate step estimated at 71 s was on offer). A stop
     # rule that only the searches hold off lets no catalog step in ahead of them.
     movable, behind = (first + joint, ranked) if stop_due else (ordered, [])
-    planned = [estimate(s, recs, sg, done) for sg in movable]
+    late = {id(sg) for sg in movable if budget.over(done, [planned[id(sg)]], limit)}
     left = limit - sum(x.seconds for x in done)
-    return [_over(movable[i], planned[i], left) if budget.over(done, [planned[i]], limit)
-            else movable[i] for i in budget.fitting_first(planned, done, limit)] + behind
+    return ([sg for sg in movable if id(sg) not in late]
+            + [_over(sg, planned[id(sg)], left) for sg in movable if id(sg) in late] + behind)
 
 
 def _over(sg: decide.Suggestion, planned_s: float, left_s: float) -> decide.Suggestion:
