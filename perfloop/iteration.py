@@ -172,6 +172,7 @@ def _run(s: Session, proposal: Proposal) -> records.Experiment:
         judged = phases.judge(s.root / state.judge, candidates, cwd=s.root, work=work,
                               deadline=deadline, stall_s=rules.stall_timeout_s, env=env,
                               processes=rules.judge_processes,
+                              share_cases=s.spec.requires_gpu,  # its cases compile
                               contract={"folder": str(s.spec.folder), "copy": str(contract_dir)}
                               ) if candidates else phases.JudgeResult(detail="none left to judge")
     except BaseException:  # Ctrl-C while judging: the waiting worker goes too

@@ -10,7 +10,11 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 REQUEST: dict | None = None
+SELECTED: int | None = None  # the cases this process was given, after any shard's cut
+FINISHED = 0                 # the cases whose test ran to its end (passed, failed or skipped)
 _BEFORE: dict = {}  # perfloop's judging functions as they were before any kernel code ran
 
 
@@ -43,14 +47,40 @@ def _hide_pytest_from_the_environment() -> None:
         _pytest.runner._update_current_test_var = lambda item, when: None
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(session, config, items):
+    """A shard [k, m] of the request keeps the k-th of m contiguous runs of the collected
+    cases; the loop judges one variant in m processes that way."""
+    global SELECTED
+    shard = (REQUEST or {}).get("shard")
+    if shard:
+        k, m = shard
+        keep = items[k * len(items) // m:(k + 1) * len(items) // m]
+        kept = set(map(id, keep))
+        dropped = [item for item in items if id(item) not in kept]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
+    SELECTED = len(items)
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    global FINISHED
+    FINISHED += 1
+
+
 def pytest_sessionfinish(session, exitstatus):
-    """What the loop checks after the judge: every file it imported, and whether code that ran
-    in it replaced perfloop's judging functions."""
+    """What the loop checks after the judge: every file it imported, whether code that ran in
+    it replaced perfloop's judging functions, and whether every case it was given ran to its
+    end (kernel code that ends the process early, e.g. with os._exit(0) or pytest.exit, must
+    not leave its later cases unjudged)."""
+    if REQUEST and REQUEST.get("shard") and SELECTED == 0 and exitstatus == 5:
+        session.exitstatus = 0  # a shard cut to nothing: nothing to judge, nothing failed
     if REQUEST and REQUEST.get("imports_out"):
         from perfloop import tamper
 
         Path(REQUEST["imports_out"]).write_text(json.dumps(
-            {"imports": imported_files(),
+            {"imports": imported_files(), "selected": SELECTED, "finished": FINISHED,
              "tampered": tamper.changed(_BEFORE, modules=tamper.JUDGE_MODULES)}))
 
 

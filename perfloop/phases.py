@@ -66,12 +66,13 @@ class JudgeResult:
 def _judge_once(judge_file: Path, variants: list[dict], *, cwd: Path, work: Path,
                 deadline: float, stall_s: float, env: dict,
                 cancel: threading.Event | None = None, shown=None,
-                contract: dict | None = None) -> tuple:
+                contract: dict | None = None, shard: tuple | None = None) -> tuple:
     tag = nonce()
     request = work / f"judge-{tag}.json"
     log, imports = work / f"judge-{tag}-cases.jsonl", work / f"judge-{tag}-imports.json"
     write_json(request, {"variants": _variants_json(variants), "log": str(log),
                          "imports_out": str(imports),
+                         **({"shard": list(shard)} if shard else {}),
                          **({"contract": contract} if contract else {})})
     cmd = child.python(cwd, "pytest", str(judge_file), "-q", "-p", "no:cacheprovider", "-p",
                        "perfloop.judging", f"--perfloop-request={request}", "-o", "addopts=",
@@ -88,44 +89,86 @@ def _judge_once(judge_file: Path, variants: list[dict], *, cwd: Path, work: Path
     return res, cases, audit
 
 
+def _incomplete(res: child.ChildResult, audit: dict) -> str:
+    """Why a judge process's verdict cannot stand, or "" if it can: it died or hung, pytest
+    itself failed, or it ended before every case it was given had run (the audit the plugin
+    writes at the end of the session says how many did)."""
+    if res.died or res.returncode not in (0, 1):
+        return res.describe()
+    if audit.get("selected") is None or audit.get("finished") != audit["selected"]:
+        return (f"ended after {audit.get('finished', 'an unknown number of')} of "
+                f"{audit.get('selected', 'its')} cases")
+    return ""
+
+
+def split(variants: list[dict], processes: int,
+          share_cases: bool = True) -> list[tuple[list[dict], tuple | None]]:
+    """How the judge's processes share the work: (variants, shard) per process. With at least
+    as many variants as processes, each process judges whole variants (a variant's cases share
+    its compiles). With fewer, each variant's cases are cut into contiguous shards, one per
+    process (cases next to each other differ least, e.g. by seed, and share compiles): a
+    kernel whose judge compiles a variant per dtype and width then compiles side by side.
+    Without `share_cases` (a kernel with nothing to compile, whose judge is mostly process
+    start-up) fewer variants take fewer processes instead."""
+    width = max(1, min(processes, len(variants)))
+    if len(variants) >= processes or not share_cases:
+        return [(variants[i::width], None) for i in range(width)]
+    out = []
+    for i, v in enumerate(variants):
+        shards = processes // len(variants) + (i < processes % len(variants))
+        out += [([v], (k, shards) if shards > 1 else None) for k in range(shards)]
+    return out
+
+
 def judge(judge_file: Path, variants: list[dict], *, cwd: Path, work: Path, deadline: float,
-          stall_s: float, env: dict, processes: int = 1,
+          stall_s: float, env: dict, processes: int = 1, share_cases: bool = False,
           contract: dict | None = None) -> JudgeResult:
-    """Judge the variants split among up to `processes` pytest processes run side by side; if
-    one dies or hangs, judge each of its variants in a process of its own, so one crashing
-    candidate does not void the others. `contract` ({folder, copy}): the run's pinned copy of
-    the kernel folder, whose tolerance hook the judge's perfloop.correctness.tolerance uses."""
+    """Judge the variants in up to `processes` pytest processes run side by side (see split);
+    if a process dies or hangs, each variant it judged is judged again whole in a process of
+    its own, so one crashing candidate does not void the others. `contract` ({folder, copy}):
+    the run's pinned copy of the kernel folder, whose tolerance hook the judge's
+    perfloop.correctness.tolerance uses."""
     out = JudgeResult()
     t0 = time.monotonic()
-    width = max(1, min(processes, len(variants)))
-    pending = [variants[i::width] for i in range(width)]
+    pending = split(variants, processes, share_cases)
     cancel = threading.Event()  # Ctrl-C: every judge process is killed, none awaited
-    pool = ThreadPoolExecutor(width, thread_name_prefix="perfloop-judge")
-    shown = _JudgeShown(len(variants), width) if progress.enabled() else None
+    pool = ThreadPoolExecutor(max(1, len(pending)), thread_name_prefix="perfloop-judge")
+    shown = _JudgeShown(len(variants), len(pending)) if progress.enabled() else None
+    out.processes = len(pending)
     try:
         while pending:
-            runs = list(pool.map(lambda group: (group, _judge_once(
-                judge_file, group, cwd=cwd, work=work, deadline=deadline, stall_s=stall_s,
-                env=env, cancel=cancel, shown=shown, contract=contract)), pending))
+            runs = list(pool.map(lambda job: (job, _judge_once(
+                judge_file, job[0], cwd=cwd, work=work, deadline=deadline, stall_s=stall_s,
+                env=env, cancel=cancel, shown=shown, contract=contract, shard=job[1])), pending))
             pending = []
-            for group, (res, cases, audit) in runs:
+            cases: dict[str, list] = {}
+            untrusted, redo = set(), {}
+            for (group, shard), (res, found, audit) in runs:
                 out.imports |= set(audit.get("imports", ()))
                 out.tampered |= set(audit.get("tampered", ()))
-                if res.died or res.returncode not in (0, 1):
-                    if len(group) > 1 and time.monotonic() < deadline:
-                        pending.extend([v] for v in group)
+                why = _incomplete(res, audit)
+                if why:
+                    if (len(group) > 1 or shard) and time.monotonic() < deadline:
+                        redo.update((v["label"], v) for v in group)
                         continue
                     for v in group:
-                        out.crashed[v["label"]] = f"judge {res.describe()} (log: {res.log})"
+                        out.crashed[v["label"]] = f"judge {why} (log: {res.log})"
                     continue
-                passed = {label: bool(c) and all(e["passed"] for e in c)
-                          for label, c in cases.items()}
-                if res.returncode == 1 and all(passed.values()):
+                for label, entries in found.items():
+                    cases.setdefault(label, []).extend(entries)
+                if res.returncode == 1 and all(e["passed"] for c in found.values() for e in c):
                     # a test failed outside perfloop.correctness.check: none of these can be trusted
-                    passed = dict.fromkeys(passed, False)
-                out.passed.update(passed)
-                out.cases.update(cases)
+                    untrusted |= {v["label"] for v in group}
                 out.detail = f"judge {res.describe()}"
+            for label in cases.keys() - redo.keys() - out.crashed.keys():
+                c = cases[label]
+                out.passed[label] = bool(c) and all(e["passed"] for e in c) \
+                    and label not in untrusted
+                out.cases[label] = c
+            for label in redo.keys() - out.crashed.keys():
+                out.passed.pop(label, None)
+                out.cases.pop(label, None)
+            pending = [([v], None) for label, v in redo.items() if label not in out.crashed]
     except BaseException:
         cancel.set()
         raise
@@ -133,7 +176,6 @@ def judge(judge_file: Path, variants: list[dict], *, cwd: Path, work: Path, dead
         pool.shutdown(wait=True)
         if shown:
             shown.bar.close()
-    out.processes = width
     out.wall_s = round(time.monotonic() - t0, 3)
     return out
 

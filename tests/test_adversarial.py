@@ -189,6 +189,25 @@ def test_a_kernel_that_cheats_where_the_judge_cannot_see_fails(scratch, mode, re
     assert table.read_rows(scratch.path / "sandbox/scripted/perf_results.md")[-1][3:] == ["FAIL", "revert"]
 
 
+@pytest.mark.parametrize("processes", [1, 4])
+def test_a_kernel_that_ends_the_judge_early_with_status_0_is_not_kept(scratch, processes):
+    """The judge's cases are n = 1, 5, 1000 and the timer's 256 to 1024: a kernel that exits
+    quietly at n = 5 has passed n = 1 and never runs n = 5 or 1000, whether it is judged in
+    one process or its cases are shared among four."""
+    scratch.rules(judge_processes=str(processes))
+    scratch.script([{"when": {"mode": "exit-at-5"}, "factor": {"*": 0.5}}])
+    scratch.commit_all("script")
+    before = _started(scratch)
+    _set_mode(scratch, "exit-at-5")
+    code, out, err = scratch.cli("step", "--kernel", "scripted", "--describe", "exit at 5")
+    assert code == 0, err
+    e = out["experiment"]
+    assert e["status"] == "crash" and e["correctness"] == "FAIL", e
+    assert "ended after" in e["reason"] and "cases" in e["reason"], e["reason"]
+    assert scratch.head() == before["head"]
+    assert (scratch.kernel / "knobs.json").read_text() == before["knobs"]
+
+
 def test_judge_and_timer_give_kernel_code_the_same_environment(scratch, tmp_path):
     dumps = tmp_path / "env"
     dumps.mkdir()

@@ -5,11 +5,12 @@ Pure functions first, then runs of the scripted kernel (which buckets its inputs
 """
 
 import json
+import time
 from pathlib import Path
 
 import pytest
 
-from perfloop import budget, decide, dispatch, knobspace, measure, search, vocab
+from perfloop import budget, decide, dispatch, knobspace, measure, phases, search, vocab
 from perfloop.errors import UserError
 from perfloop.playbook import SHIPPED, Decision, Measure, Stop, load
 from perfloop.stats import Comparison
@@ -916,6 +917,54 @@ def test_candidates_are_judged_in_processes_side_by_side(scratch, processes):
                 (scratch.path / "sandbox").rglob("iter-01*/judge-*.json") if "-" not in p.stem[6:]]
     judged = sorted(v["label"] for r in requests for v in r["variants"])
     assert len(requests) == processes and judged == sorted(rec["outcomes"])
+
+
+def test_processes_share_whole_variants_or_one_variants_cases():
+    v = [{"label": f"c{i}"} for i in range(5)]
+    assert phases.split(v, 4) == [([v[0], v[4]], None), ([v[1]], None), ([v[2]], None),
+                                  ([v[3]], None)]
+    assert phases.split(v[:1], 4) == [([v[0]], (k, 4)) for k in range(4)]
+    assert phases.split(v[:3], 4) == [([v[0]], (0, 2)), ([v[0]], (1, 2)), ([v[1]], None),
+                                      ([v[2]], None)]
+    assert phases.split(v[:2], 1) == [([v[0], v[1]], None)]
+
+
+def _judge_in_shards(scratch, work: Path, **modes):
+    knobs = json.loads((scratch.kernel / "knobs.json").read_text())
+    variants = [{"label": label, "folder": str(scratch.kernel), "knobs": {**knobs, "mode": mode}}
+                for label, mode in modes.items()]
+    return phases.judge(scratch.path / "tests" / "judge_scripted.py", variants,
+                        cwd=scratch.path, work=work, deadline=time.monotonic() + 300,
+                        stall_s=120, env=phases.child_env(scratch.path / "playbook"),
+                        processes=4, share_cases=True)
+
+
+def test_one_candidates_cases_are_judged_once_each_in_shards_side_by_side(scratch, tmp_path):
+    """One candidate, four judge processes, three cases: each case is judged in exactly one
+    of them, and the process whose shard holds none of the cases is no failure."""
+    res = _judge_in_shards(scratch, tmp_path, c0="ok")
+    assert res.processes == 4 and res.passed == {"c0": True} and not res.crashed
+    assert sorted(c["case"] for c in res.cases["c0"]) == ["n=1", "n=1000", "n=5"]
+    shards = [json.loads(p.read_text())["shard"] for p in tmp_path.glob("judge-*.json")
+              if "-" not in p.stem[6:]]
+    assert sorted(map(tuple, shards)) == [(k, 4) for k in range(4)]
+
+
+def test_a_case_failed_or_cut_short_in_one_shard_fails_or_rejudges_the_whole_candidate(
+        scratch, tmp_path):
+    """Two candidates, two shards each: one is wrong only at n = 1000 (the last shard's case),
+    the other ends its process at n = 5; the first fails on that case, the second is judged
+    again whole, where it ends early again: a crash, not a pass on the cases it reached."""
+    res = _judge_in_shards(scratch, tmp_path, wrong="wrong-above-100", quits="exit-at-5")
+    assert res.passed.get("wrong") is False
+    assert [c["case"] for c in res.cases["wrong"] if not c["passed"]] == ["n=1000"]
+    assert "quits" not in res.passed and "ended after" in res.crashed["quits"]
+    requests = [json.loads(p.read_text()) for p in tmp_path.glob("judge-*.json")
+                if "-" not in p.stem[6:]]
+    whole = [r for r in requests if "shard" not in r and
+             [v["label"] for v in r["variants"]] == ["quits"]]
+    assert len(requests) == 5
+    assert len(whole) == 1
 
 
 def test_a_dispatch_that_loses_on_a_held_back_shape_is_reverted(scratch):

@@ -16,6 +16,8 @@ kernel can see for itself: how often a built launcher was called and how large i
   tamper-judge     replaces perfloop's output comparison with one that always passes
   env              writes its environment to $SCRIPTED_ENV_DUMP/<pid>.json, then doubles
   compile-error    raises when built, as a kernel that fails to compile does
+  exit-at-N        ends the process with status 0 (os._exit) when given exactly N values: a
+                   size the judge has and the timer has not, so its later cases never run
 Calls dispatch per bucket (perfloop.dispatch): "big" for inputs of 600 values or more.
 SCRIPTED_DELAY_S slows every launch down, so a test can interrupt a timing in progress.
 """
@@ -102,6 +104,8 @@ def _build_one(knobs: dict):
         if delay:
             time.sleep(delay)
         shape, values = inputs
+        if _threshold(mode, "exit-at-") == len(values):
+            os._exit(0)
         factor = 2
         if mode == "wrong" or mode == "sniff" and "pytest" not in sys.modules:
             factor = 3
