@@ -7,10 +7,10 @@ imported, so the loop can check that none of them was changed behind its back.""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
-import pytest
+import pytest  # the judge's plugin only: the timing worker must not load pytest (kernel
+              # code could tell the phases apart by it), so it imports nothing from here
 
 REQUEST: dict | None = None
 SELECTED: int | None = None  # the cases this process was given, after any shard's cut
@@ -80,15 +80,5 @@ def pytest_sessionfinish(session, exitstatus):
         from perfloop import tamper
 
         Path(REQUEST["imports_out"]).write_text(json.dumps(
-            {"imports": imported_files(), "selected": SELECTED, "finished": FINISHED,
+            {"imports": tamper.imported_files(), "selected": SELECTED, "finished": FINISHED,
              "tampered": tamper.changed(_BEFORE, modules=tamper.JUDGE_MODULES)}))
-
-
-def imported_files() -> list[str]:
-    """Source files of every module loaded in this process."""
-    files = set()
-    for module in list(sys.modules.values()):
-        path = getattr(module, "__file__", None)
-        if path:
-            files.add(str(Path(path).resolve()))
-    return sorted(files)

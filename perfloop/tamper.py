@@ -18,7 +18,9 @@ import json
 import os
 import random
 import statistics
+import sys
 import time
+from pathlib import Path
 
 WATCHED_MODULES = ("perfloop.measure", "perfloop.verify", "perfloop.worker", "perfloop.atomic",
                    "perfloop.streams", "perfloop.tamper")
@@ -61,3 +63,14 @@ def changed(before: dict, extra_now: dict | None = None,
     """Names whose object is no longer the one in `before`."""
     now = snapshot(extra_now, modules)
     return sorted(name for name, ident in before.items() if now.get(name) != ident)
+
+
+def imported_files() -> list[str]:
+    """Source files of every module loaded in this process (what the loop compares with the
+    run's base commit after the judge and the timer)."""
+    files = set()
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if path:
+            files.add(str(Path(path).resolve()))
+    return sorted(files)

@@ -33,7 +33,6 @@ from perfloop import (ceilings, child, envinfo, hooks, measure, stats, streams, 
                       verify)
 from perfloop.atomic import write_json
 from perfloop.errors import UserError
-from perfloop.judging import imported_files
 from perfloop.kernel import Shape, import_module
 from perfloop.playbook import Measure, freeze
 from perfloop.vocab import Outcome
@@ -434,7 +433,7 @@ def main(spec_path: str) -> int:
         return 5
     finally:
         if spec.get("imports_out"):
-            Path(spec["imports_out"]).write_text(json.dumps(imported_files()))
+            Path(spec["imports_out"]).write_text(json.dumps(tamper.imported_files()))
     write_json(Path(spec["out"]), result)
     return 0
 
