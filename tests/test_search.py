@@ -736,7 +736,12 @@ def test_a_records_time_is_split_into_screening_and_the_rest():
     got = budget.spent(Rec())   # (the screening's compiles are a part of its 40 s)
     assert got == budget.Spent(budget.JOINT, 100.0, timed=4, screened=30, screen_s=40.0)
     assert got.rest_s == 60.0
+    # cliffs dropped while screening: the finalists were still timed to the end
+    Rec.outcomes = {**Rec.outcomes, "c4": {"outcome": "slow"}, "c5": {"outcome": "slow"}}
+    assert budget.spent(Rec()) == got and got.reference
     Rec.extra = {}   # screening that failed measured no rate
+    assert not budget.spent(Rec()).reference   # a step with a cliff-dropped candidate
+    Rec.outcomes = {f"c{i}": {"outcome": "screened" if i >= 4 else "ok"} for i in range(30)}
     assert budget.spent(Rec()).screened == 0 and budget.spent(Rec()).rest_s == 100.0
     Rec.optimization, Rec.phases_s, Rec.outcomes = "tile_shape", {"correctness": 30.0}, None
     assert budget.spent(Rec()) == budget.Spent(budget.STEP, 100.0, timed=1)
@@ -1055,7 +1060,7 @@ def test_a_config_that_wins_only_in_another_bucket_is_found_by_its_own_joint_sea
     assert "fast_math" in offered["bucket-joint"]["reason"]
     assert out["suggestions"][0]["id"] in search.IDS  # (the streak of 2 would stop the run)
     # with no stop rule due, the joint searches go before the catalog once its next step and
-    # two of them would not fit in the time budget (480 s) by the estimates: 4 experiments of
+    # two of them would not fit in the time budget (500 s) by the estimates: 4 experiments of
     # 50 s spent, the tile step's 6 candidates 50 x 8 / 3 s, the joint's 5 configs 50 x 7 / 3 s,
     # the bucket joint's 16 configs 16 x 1.7 s of screening and 50 x 6 / 3 s of the rest: 577 s
     # (at 30 s each: 357 s). The slowest-so-far rule saw 200 + 3 x 50 = 350 s: room enough
