@@ -339,6 +339,8 @@ def _void_if_foreign(s: Session, outcome: dict, imported: set, allowed: list, wh
 def _judged(label: str, judged: phases.JudgeResult) -> tuple[str, str]:
     if label in judged.crashed:
         return Outcome.CRASH, judged.crashed[label]
+    if label in judged.doubted:
+        return Outcome.FAIL, f"correctness failed: {judged.doubted[label]}"
     if not judged.passed.get(label):
         failed = [c["case"] for c in judged.cases.get(label, []) if not c["passed"]]
         return Outcome.FAIL, ("correctness failed" + (

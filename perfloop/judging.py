@@ -15,6 +15,7 @@ import pytest  # the judge's plugin only: the timing worker must not load pytest
 REQUEST: dict | None = None
 SELECTED: int | None = None  # the cases this process was given, after any shard's cut
 FINISHED = 0                 # the cases whose test ran to its end (passed, failed or skipped)
+SKIPPED_RUNNING = 0          # tests skipped (or xfailed) from inside their body, not by a mark
 _BEFORE: dict = {}  # perfloop's judging functions as they were before any kernel code ran
 
 
@@ -69,6 +70,15 @@ def pytest_runtest_logfinish(nodeid, location):
     FINISHED += 1
 
 
+def pytest_runtest_logreport(report):
+    """A test that skips itself while it runs (pytest.skip or pytest.xfail called in its body)
+    may have been skipped by kernel code, which can see that pytest is loaded: the judge's own
+    skips are marks, decided before the test runs."""
+    global SKIPPED_RUNNING
+    if report.when == "call" and report.skipped:
+        SKIPPED_RUNNING += 1
+
+
 def pytest_sessionfinish(session, exitstatus):
     """What the loop checks after the judge: every file it imported, whether code that ran in
     it replaced perfloop's judging functions, and whether every case it was given ran to its
@@ -81,4 +91,5 @@ def pytest_sessionfinish(session, exitstatus):
 
         Path(REQUEST["imports_out"]).write_text(json.dumps(
             {"imports": tamper.imported_files(), "selected": SELECTED, "finished": FINISHED,
+             "skipped_running": SKIPPED_RUNNING,
              "tampered": tamper.changed(_BEFORE, modules=tamper.JUDGE_MODULES)}))

@@ -58,6 +58,7 @@ class JudgeResult:
     cases: dict = field(default_factory=dict)    # label -> [case records]
     imports: set = field(default_factory=set)    # every file a judge process imported
     tampered: set = field(default_factory=set)   # perfloop functions kernel code replaced
+    doubted: dict = field(default_factory=dict)  # label -> why its passing cases do not count
     wall_s: float = 0.0
     detail: str = ""
     processes: int = 1                           # judge processes run side by side
@@ -98,6 +99,16 @@ def _incomplete(res: child.ChildResult, audit: dict) -> str:
     if audit.get("selected") is None or audit.get("finished") != audit["selected"]:
         return (f"ended after {audit.get('finished', 'an unknown number of')} of "
                 f"{audit.get('selected', 'its')} cases")
+    return ""
+
+
+def _doubt(res: child.ChildResult, found: dict, audit: dict) -> str:
+    """Why the passing cases of a judge process that ran to its end do not count, or ""."""
+    if audit.get("skipped_running"):
+        return (f"{audit['skipped_running']} test(s) skipped themselves while running (kernel "
+                "code can call pytest.skip; the judge skips only by marks)")
+    if res.returncode == 1 and all(e["passed"] for c in found.values() for e in c):
+        return "a test failed outside perfloop.correctness.check"
     return ""
 
 
@@ -142,7 +153,7 @@ def judge(judge_file: Path, variants: list[dict], *, cwd: Path, work: Path, dead
                 env=env, cancel=cancel, shown=shown, contract=contract, shard=job[1])), pending))
             pending = []
             cases: dict[str, list] = {}
-            untrusted, redo = set(), {}
+            untrusted, redo = {}, {}
             for (group, shard), (res, found, audit) in runs:
                 out.imports |= set(audit.get("imports", ()))
                 out.tampered |= set(audit.get("tampered", ()))
@@ -156,15 +167,17 @@ def judge(judge_file: Path, variants: list[dict], *, cwd: Path, work: Path, dead
                     continue
                 for label, entries in found.items():
                     cases.setdefault(label, []).extend(entries)
-                if res.returncode == 1 and all(e["passed"] for c in found.values() for e in c):
-                    # a test failed outside perfloop.correctness.check: none of these can be trusted
-                    untrusted |= {v["label"] for v in group}
+                doubt = _doubt(res, found, audit)
+                if doubt:
+                    untrusted.update((v["label"], doubt) for v in group)
                 out.detail = f"judge {res.describe()}"
             for label in cases.keys() - redo.keys() - out.crashed.keys():
                 c = cases[label]
                 out.passed[label] = bool(c) and all(e["passed"] for e in c) \
                     and label not in untrusted
                 out.cases[label] = c
+                if label in untrusted:
+                    out.doubted[label] = untrusted[label]
             for label in redo.keys() - out.crashed.keys():
                 out.passed.pop(label, None)
                 out.cases.pop(label, None)

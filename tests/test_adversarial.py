@@ -208,6 +208,18 @@ def test_a_kernel_that_ends_the_judge_early_with_status_0_is_not_kept(scratch, p
     assert (scratch.kernel / "knobs.json").read_text() == before["knobs"]
 
 
+def test_a_kernel_that_skips_a_judge_case_it_would_fail_is_not_kept(scratch):
+    """pytest.skip from kernel code at n = 5 (judged only): the other cases pass, the skip
+    must not let the candidate through."""
+    scratch.script([{"when": {"mode": "skip-at-5"}, "factor": {"*": 0.5}}])
+    scratch.commit_all("script")
+    before = _started(scratch)
+    _set_mode(scratch, "skip-at-5")
+    code, out, err = scratch.cli("step", "--kernel", "scripted", "--describe", "skip at 5")
+    assert code == 0, err
+    _assert_not_kept(scratch, before, out, "skipped themselves while running")
+
+
 def test_judge_and_timer_give_kernel_code_the_same_environment(scratch, tmp_path):
     dumps = tmp_path / "env"
     dumps.mkdir()
