@@ -96,9 +96,11 @@ def _incomplete(res: child.ChildResult, audit: dict) -> str:
     writes at the end of the session says how many did)."""
     if res.died or res.returncode not in (0, 1):
         return res.describe()
-    if audit.get("selected") is None or audit.get("finished") != audit["selected"]:
-        return (f"ended after {audit.get('finished', 'an unknown number of')} of "
-                f"{audit.get('selected', 'its')} cases")
+    if audit.get("selected") is None:
+        return (f"{res.describe()} without finishing its session (an exit from inside a test?), "
+                "so not every case it was given ran")
+    if audit.get("finished") != audit["selected"]:
+        return f"ended after {audit.get('finished')} of {audit['selected']} cases"
     return ""
 
 

@@ -169,6 +169,18 @@ def test_a_judge_under_an_ignored_path_is_refused_at_init(scratch):
 
 
 # ---- the timed output is checked ---------------------------------------------------------
+def _cheat(scratch: Scratch, mode: str) -> tuple[dict, dict]:
+    """The incumbent before, and the answer of a step that sets the scripted kernel's mode
+    (scripted to be twice as fast)."""
+    scratch.script([{"when": {"mode": mode}, "factor": {"*": 0.5}}])
+    scratch.commit_all("script")
+    before = _started(scratch)
+    _set_mode(scratch, mode)
+    code, out, err = scratch.cli("step", "--kernel", "scripted", "--describe", f"cheat: {mode}")
+    assert code == 0, err
+    return before, out
+
+
 @pytest.mark.parametrize("mode,reason", [
     ("wrong-above-1000", "timed output differs from the reference at head"),  # judge: n <= 1000
     ("skip-above-1000", "timed output differs from the reference at head"),   # partial write
@@ -179,31 +191,19 @@ def test_a_judge_under_an_ignored_path_is_refused_at_init(scratch):
     ("tamper-judge", "replaced perfloop's judging functions in the judge"),
 ])
 def test_a_kernel_that_cheats_where_the_judge_cannot_see_fails(scratch, mode, reason):
-    scratch.script([{"when": {"mode": mode}, "factor": {"*": 0.5}}])   # and it would be faster
-    scratch.commit_all("script")
-    before = _started(scratch)
-    _set_mode(scratch, mode)
-    code, out, err = scratch.cli("step", "--kernel", "scripted", "--describe", f"cheat: {mode}")
-    assert code == 0, err
+    before, out = _cheat(scratch, mode)
     _assert_not_kept(scratch, before, out, reason)
     assert table.read_rows(scratch.path / "sandbox/scripted/perf_results.md")[-1][3:] == ["FAIL", "revert"]
 
 
-@pytest.mark.parametrize("processes", [1, 4])
-def test_a_kernel_that_ends_the_judge_early_with_status_0_is_not_kept(scratch, processes):
+def test_a_kernel_that_ends_the_judge_early_with_status_0_is_not_kept(scratch):
     """The judge's cases are n = 1, 5, 1000 and the timer's 256 to 1024: a kernel that exits
-    quietly at n = 5 has passed n = 1 and never runs n = 5 or 1000, whether it is judged in
-    one process or its cases are shared among four."""
-    scratch.rules(judge_processes=str(processes))
-    scratch.script([{"when": {"mode": "exit-at-5"}, "factor": {"*": 0.5}}])
-    scratch.commit_all("script")
-    before = _started(scratch)
-    _set_mode(scratch, "exit-at-5")
-    code, out, err = scratch.cli("step", "--kernel", "scripted", "--describe", "exit at 5")
-    assert code == 0, err
+    quietly at n = 5 has passed n = 1 and never runs n = 5 or 1000. (Judged in shards:
+    tests/test_search.py.)"""
+    before, out = _cheat(scratch, "exit-at-5")
     e = out["experiment"]
     assert e["status"] == "crash" and e["correctness"] == "FAIL", e
-    assert "ended after" in e["reason"] and "cases" in e["reason"], e["reason"]
+    assert "exited with status 0 without finishing its session" in e["reason"], e["reason"]
     assert scratch.head() == before["head"]
     assert (scratch.kernel / "knobs.json").read_text() == before["knobs"]
 
@@ -211,12 +211,7 @@ def test_a_kernel_that_ends_the_judge_early_with_status_0_is_not_kept(scratch, p
 def test_a_kernel_that_skips_a_judge_case_it_would_fail_is_not_kept(scratch):
     """pytest.skip from kernel code at n = 5 (judged only): the other cases pass, the skip
     must not let the candidate through."""
-    scratch.script([{"when": {"mode": "skip-at-5"}, "factor": {"*": 0.5}}])
-    scratch.commit_all("script")
-    before = _started(scratch)
-    _set_mode(scratch, "skip-at-5")
-    code, out, err = scratch.cli("step", "--kernel", "scripted", "--describe", "skip at 5")
-    assert code == 0, err
+    before, out = _cheat(scratch, "skip-at-5")
     _assert_not_kept(scratch, before, out, "skipped themselves while running")
 
 

@@ -934,14 +934,14 @@ def test_processes_share_whole_variants_or_one_variants_cases():
     assert phases.split(v[:2], 1) == [([v[0], v[1]], None)]
 
 
-def _judge_in_shards(scratch, work: Path, **modes):
+def _judge_in_shards(scratch, work: Path, processes: int = 4, **modes):
     knobs = json.loads((scratch.kernel / "knobs.json").read_text())
     variants = [{"label": label, "folder": str(scratch.kernel), "knobs": {**knobs, "mode": mode}}
                 for label, mode in modes.items()]
     return phases.judge(scratch.path / "tests" / "judge_scripted.py", variants,
                         cwd=scratch.path, work=work, deadline=time.monotonic() + 300,
                         stall_s=120, env=phases.child_env(scratch.path / "playbook"),
-                        processes=4, share_cases=True)
+                        processes=processes, share_cases=True)
 
 
 def test_one_candidates_cases_are_judged_once_each_in_shards_side_by_side(scratch, tmp_path):
@@ -957,19 +957,20 @@ def test_one_candidates_cases_are_judged_once_each_in_shards_side_by_side(scratc
 
 def test_a_case_failed_or_cut_short_in_one_shard_fails_or_rejudges_the_whole_candidate(
         scratch, tmp_path):
-    """Two candidates, two shards each: one is wrong only at n = 1000 (the last shard's case),
-    the other ends its process at n = 5; the first fails on that case, the second is judged
-    again whole, where it ends early again: a crash, not a pass on the cases it reached."""
-    res = _judge_in_shards(scratch, tmp_path, wrong="wrong-above-100", quits="exit-at-5")
+    """Three candidates, six processes (two shards each): one is wrong only at
+    n = 1000, one ends its process at n = 5 (os._exit(0)), one ends pytest's session there
+    (pytest.exit(returncode=0)); the first fails on that case, the others are judged again
+    whole, where they end early again: crashes, not passes on the cases they reached."""
+    res = _judge_in_shards(scratch, tmp_path, 6, wrong="wrong-above-100", quits="exit-at-5",
+                           stops="stop-at-5")
     assert res.passed.get("wrong") is False
     assert [c["case"] for c in res.cases["wrong"] if not c["passed"]] == ["n=1000"]
-    assert "quits" not in res.passed and "ended after" in res.crashed["quits"]
+    assert "quits" not in res.passed and "without finishing" in res.crashed["quits"]
+    assert "stops" not in res.passed and "ended after 1 of 3 cases" in res.crashed["stops"]
     requests = [json.loads(p.read_text()) for p in tmp_path.glob("judge-*.json")
                 if "-" not in p.stem[6:]]
-    whole = [r for r in requests if "shard" not in r and
-             [v["label"] for v in r["variants"]] == ["quits"]]
-    assert len(requests) == 5
-    assert len(whole) == 1
+    whole = sorted(v["label"] for r in requests if "shard" not in r for v in r["variants"])
+    assert len(requests) == 8 and whole == ["quits", "stops"]
 
 
 def test_a_dispatch_that_loses_on_a_held_back_shape_is_reverted(scratch):

@@ -19,6 +19,7 @@ kernel can see for itself: how often a built launcher was called and how large i
   exit-at-N        ends the process with status 0 (os._exit) when given exactly N values: a
                    size the judge has and the timer has not, so its later cases never run
   skip-at-N        calls pytest.skip when given exactly N values and pytest is loaded (judged)
+  stop-at-N        calls pytest.exit(returncode=0) there: pytest ends its session cleanly
 Calls dispatch per bucket (perfloop.dispatch): "big" for inputs of 600 values or more.
 SCRIPTED_DELAY_S slows every launch down, so a test can interrupt a timing in progress.
 """
@@ -109,6 +110,8 @@ def _build_one(knobs: dict):
             os._exit(0)
         if _threshold(mode, "skip-at-") == len(values) and "pytest" in sys.modules:
             sys.modules["pytest"].skip("not this one")
+        if _threshold(mode, "stop-at-") == len(values) and "pytest" in sys.modules:
+            sys.modules["pytest"].exit("done", returncode=0)
         factor = 2
         if mode == "wrong" or mode == "sniff" and "pytest" not in sys.modules:
             factor = 3
