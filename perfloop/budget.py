@@ -48,9 +48,10 @@ def spent(rec) -> Spent:
     # to the end: a reference for the next (on an H100 two RMSNorm bucket searches took 88 and
     # 94 s, and the next was estimated from the slowest step at 115 s and did not fit)
     early = ("screened", "slow") if screening else ("screened",)
+    spoils = ("crash",) if screening else ("crash", "slow")
     timed = sum(o not in early for o in outcomes) or 1
     reference = (rec.kind == "playbook" and bool(rec.timing)
-                 and not any(o == "crash" or o == "slow" and not screening for o in outcomes))
+                 and not any(o in spoils for o in outcomes))
     return Spent(kind_of(rec.optimization), rec.finished_at - rec.started_at, timed, screened,
                  screen_s if screened else 0.0, reference)
 

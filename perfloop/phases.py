@@ -180,9 +180,7 @@ def judge(judge_file: Path, variants: list[dict], *, cwd: Path, work: Path, dead
                 out.cases[label] = c
                 if label in untrusted:
                     out.doubted[label] = untrusted[label]
-            for label in redo.keys() - out.crashed.keys():
-                out.passed.pop(label, None)
-                out.cases.pop(label, None)
+            # judged again whole (never redone twice: those jobs are one variant, no shard)
             pending = [([v], None) for label, v in redo.items() if label not in out.crashed]
     except BaseException:
         cancel.set()
