@@ -154,6 +154,7 @@ def _run(s: Session, proposal: Proposal) -> records.Experiment:
         phase_s["screen"] = phases.elapsed(t)
         candidates = [v for v in candidates if v["label"] not in screened]
         variants = [variants[0]] + candidates
+    ahead_timer, s.timer = s.timer, None  # started while the previous experiment was timed
     timer = phases.start_timing(  # it gets ready while the judge runs
         [variants[0], control] + (candidates if proposal.kind != Kind.BASELINE else []),
         [sh.as_dict() for sh in shapes], rules, contract=contract_dir,
@@ -161,25 +162,33 @@ def _run(s: Session, proposal: Proposal) -> records.Experiment:
         ceilings_cache=s.ceilings_cache, work=work, cwd=s.root, env=env,
         only_buckets=_touched_buckets(proposal, incumbent_knobs),
         always=[s.spec.headline.name],
-        checked=[INCUMBENT] if proposal.kind == Kind.BASELINE else None) if candidates else None
+        checked=[INCUMBENT] if proposal.kind == Kind.BASELINE else None,
+        ahead=ahead_timer) if candidates else None
+    if timer is None and ahead_timer:
+        ahead_timer[1].kill()
 
     warm = [variants[0]] + (candidates if proposal.kind != Kind.BASELINE else [])
     warmers = phases.start_warmers(
         warm, [sh.as_dict() for sh in shapes], processes=rules.compile_processes,
         contract=contract_dir, work=work, cwd=s.root, env=env
     ) if s.spec.requires_gpu and candidates else []
+    ahead, s.judges = s.judges, None  # started while the previous experiment was timed
     try:
         judged = phases.judge(s.root / state.judge, candidates, cwd=s.root, work=work,
                               deadline=deadline, stall_s=rules.stall_timeout_s, env=env,
                               processes=rules.judge_processes,
                               share_cases=s.spec.requires_gpu,  # its cases compile
-                              contract={"folder": str(s.spec.folder), "copy": str(contract_dir)}
+                              contract={"folder": str(s.spec.folder), "copy": str(contract_dir)},
+                              pool=ahead
                               ) if candidates else phases.JudgeResult(detail="none left to judge")
     except BaseException:  # Ctrl-C while judging: the waiting worker goes too
         phases.abandon(timer)
         raise
     finally:
         warmed = phases.stop_warmers(warmers)
+        if ahead:
+            ahead.discard()
+    s.start_ahead()  # the next experiment's judges and timer, while this one is timed
     phase_s["correctness"] = judged.wall_s
     compile_ahead = {"processes": len(warmers), "finished_while_judged": warmed,
                      "judge_processes": judged.processes}
@@ -291,13 +300,14 @@ def _screen(s: Session, variants: list[dict], contract_dir, work, env, deadline:
     rules = s.playbook.rules
     quick = dataclasses.replace(rules, measure=dataclasses.replace(
         rules.measure, rounds=rules.search.screen_rounds))
-    if s.spec.requires_gpu and rules.compile_processes:
+    processes = rules.search.screen_processes or rules.compile_processes
+    if s.spec.requires_gpu and processes:
         # the timer would compile the candidates one after the other: compile them side by
         # side first (into cuTile's disk cache), as for the judge; a hung one waits no longer
         # than a stalled child would
         t = time.monotonic()
         phases.wait_warmers(phases.start_warmers(
-            variants[1:], [head.as_dict()], processes=rules.compile_processes,
+            variants[1:], [head.as_dict()], processes=processes,
             contract=contract_dir, work=work, cwd=s.root, env=env),
             min(deadline, time.monotonic() + rules.stall_timeout_s))
         phase_s["screen_compile"] = phases.elapsed(t)

@@ -76,6 +76,7 @@ def start(s: Session, new: bool = False) -> tuple[records.Experiment, str | None
     if existing is not None:
         _archive(s, existing)
     s.ensure_sandbox_ignored()
+    s.start_ahead()  # the baseline's judges and timer, while the run's branch is made
     branch = gitops.unique_branch(s.repo, f"cutile-perf-{s.spec.name}-{date.today():%Y%m%d}")
     sha = gitops.head(s.repo)
     gitops.create_branch(s.repo, branch)
@@ -161,5 +162,7 @@ def run(s: Session, report: Callable[[records.Experiment], None],
                                    f"interrupted at {time.strftime('%H:%M:%S')}")
         s.save_state()
         raise
+    finally:
+        s.discard_ahead()  # started for an experiment that will not come
     confirm.ensure(s)
     return s.state.stop

@@ -64,23 +64,81 @@ class JudgeResult:
     processes: int = 1                           # judge processes run side by side
 
 
+def _judge_cmd(judge_file: Path, cwd: Path, request: Path, preload: tuple = ()) -> list[str]:
+    return child.python(cwd, "pytest", str(judge_file), "-q", "-p", "no:cacheprovider", "-p",
+                        "perfloop.judging", f"--perfloop-request={request}",
+                        f"--perfloop-preload={','.join(preload)}", "-o", "addopts=",
+                        "--rootdir", str(cwd))
+
+
+@dataclass
+class JudgePool:
+    """Judge processes started ahead of the experiment that will use them: each has started
+    pytest, loaded its plugins and imported PRELOAD, and waits for its request file (named on
+    its command line, so nothing in its environment differs from a judge started on demand).
+    `phases.judge` takes them in place of new processes; `discard` kills what is left."""
+
+    key: tuple                                       # (judge file, cwd, environment)
+    ready: list = field(default_factory=list)        # [(request path, child.Running)]
+
+    def take(self, key: tuple):
+        """A waiting process for a judge with this key, or None; one that has died is dropped."""
+        while self.ready and key == self.key:
+            request, running = self.ready.pop(0)
+            if running.proc.poll() is None:
+                return request, running
+            running.kill()
+        return None
+
+    def discard(self) -> None:
+        while self.ready:
+            self.ready.pop()[1].kill()
+
+
+def _pool_key(judge_file: Path, cwd: Path, env: dict) -> tuple:
+    return str(judge_file), str(cwd), tuple(sorted(env.items()))
+
+
+def start_judges(judge_file: Path, *, cwd: Path, work: Path, env: dict,
+                 processes: int) -> JudgePool:
+    """Start `processes` judge processes for the next experiment (see JudgePool)."""
+    pool = JudgePool(_pool_key(judge_file, cwd, env))
+    for _ in range(processes):
+        tag = nonce()
+        request = work / f"judge-{tag}.json"
+        pool.ready.append((request, child.start(
+            _judge_cmd(judge_file, cwd, request, child.PRELOAD), log=work / f"judge-{tag}.log",
+            env=env, cwd=cwd)))
+    return pool
+
+
 def _judge_once(judge_file: Path, variants: list[dict], *, cwd: Path, work: Path,
                 deadline: float, stall_s: float, env: dict,
                 cancel: threading.Event | None = None, shown=None,
-                contract: dict | None = None, shard: tuple | None = None) -> tuple:
-    tag = nonce()
-    request = work / f"judge-{tag}.json"
-    log, imports = work / f"judge-{tag}-cases.jsonl", work / f"judge-{tag}-imports.json"
-    write_json(request, {"variants": _variants_json(variants), "log": str(log),
-                         "imports_out": str(imports),
-                         **({"shard": list(shard)} if shard else {}),
-                         **({"contract": contract} if contract else {})})
-    cmd = child.python(cwd, "pytest", str(judge_file), "-q", "-p", "no:cacheprovider", "-p",
-                       "perfloop.judging", f"--perfloop-request={request}", "-o", "addopts=",
-                       "--rootdir", str(cwd))
-    res = child.run(cmd, timeout_s=deadline - time.monotonic(), log=work / f"judge-{tag}.log",
-                    env=env, cwd=cwd, stall_s=stall_s, progress=[log], cancel=cancel,
-                    on_progress=shown.watch(log) if shown else None)
+                contract: dict | None = None, shard: tuple | None = None,
+                ready: tuple | None = None) -> tuple:
+    """Judge the variants in one pytest process: `ready` (request path, running child) from a
+    JudgePool, or a new one."""
+    if ready:
+        request, running = ready
+        tag = request.name[len("judge-"):-len(".json")]
+    else:
+        tag = nonce()
+        request, running = work / f"judge-{tag}.json", None
+    base = request.parent
+    log, imports = base / f"judge-{tag}-cases.jsonl", base / f"judge-{tag}-imports.json"
+    body = {"variants": _variants_json(variants), "log": str(log), "imports_out": str(imports),
+            **({"shard": list(shard)} if shard else {}),
+            **({"contract": contract} if contract else {})}
+    if running is None:
+        write_json(request, body)
+        running = child.start(_judge_cmd(judge_file, cwd, request), log=work / f"judge-{tag}.log",
+                              env=env, cwd=cwd, progress=[log])
+    else:
+        running.adopt(progress=[log])
+        write_json(request, body)  # (atomic: the waiting process reads all of it or nothing)
+    res = running.wait(deadline=deadline, stall_s=stall_s, cancel=cancel,
+                       on_progress=shown.watch(log) if shown else None)
     cases: dict[str, list] = {v["label"]: [] for v in variants}
     if log.exists():
         for line in log.read_text().splitlines():
@@ -135,28 +193,34 @@ def split(variants: list[dict], processes: int,
 
 def judge(judge_file: Path, variants: list[dict], *, cwd: Path, work: Path, deadline: float,
           stall_s: float, env: dict, processes: int = 1, share_cases: bool = False,
-          contract: dict | None = None) -> JudgeResult:
+          contract: dict | None = None, pool: JudgePool | None = None) -> JudgeResult:
     """Judge the variants in up to `processes` pytest processes run side by side (see split);
     if a process dies or hangs, each variant it judged is judged again whole in a process of
     its own, so one crashing candidate does not void the others. `contract` ({folder, copy}):
     the run's pinned copy of the kernel folder, whose tolerance hook the judge's
-    perfloop.correctness.tolerance uses."""
+    perfloop.correctness.tolerance uses. `pool`: processes started ahead for this judge
+    (start_judges), used before new ones; whatever is left of it is killed."""
     out = JudgeResult()
     t0 = time.monotonic()
-    pending = split(variants, processes, share_cases)
+    key = _pool_key(judge_file, cwd, env)
+    pending = [(group, shard, pool.take(key) if pool else None)
+               for group, shard in split(variants, processes, share_cases)]
+    if pool:
+        pool.discard()
     cancel = threading.Event()  # Ctrl-C: every judge process is killed, none awaited
-    pool = ThreadPoolExecutor(max(1, len(pending)), thread_name_prefix="perfloop-judge")
+    threads = ThreadPoolExecutor(max(1, len(pending)), thread_name_prefix="perfloop-judge")
     shown = _JudgeShown(len(variants), len(pending)) if progress.enabled() else None
     out.processes = len(pending)
     try:
         while pending:
-            runs = list(pool.map(lambda job: (job, _judge_once(
+            runs = list(threads.map(lambda job: (job, _judge_once(
                 judge_file, job[0], cwd=cwd, work=work, deadline=deadline, stall_s=stall_s,
-                env=env, cancel=cancel, shown=shown, contract=contract, shard=job[1])), pending))
+                env=env, cancel=cancel, shown=shown, contract=contract, shard=job[1],
+                ready=job[2])), pending))
             pending = []
             cases: dict[str, list] = {}
             untrusted, redo = {}, {}
-            for (group, shard), (res, found, audit) in runs:
+            for (group, shard, _), (res, found, audit) in runs:
                 out.imports |= set(audit.get("imports", ()))
                 out.tampered |= set(audit.get("tampered", ()))
                 why = _incomplete(res, audit)
@@ -181,12 +245,12 @@ def judge(judge_file: Path, variants: list[dict], *, cwd: Path, work: Path, dead
                 if label in untrusted:
                     out.doubted[label] = untrusted[label]
             # judged again whole (never redone twice: those jobs are one variant, no shard)
-            pending = [([v], None) for label, v in redo.items() if label not in out.crashed]
+            pending = [([v], None, None) for label, v in redo.items() if label not in out.crashed]
     except BaseException:
         cancel.set()
         raise
     finally:
-        pool.shutdown(wait=True)
+        threads.shutdown(wait=True)
         if shown:
             shown.bar.close()
     out.wall_s = round(time.monotonic() - t0, 3)
@@ -296,17 +360,37 @@ class Pending:
     attempt: tuple | None = None  # (tag, running child) of the worker waiting for its go
 
 
-def _launch(pending: Pending, variants: list[dict], go: dict | None) -> tuple:
-    tag, work = nonce(), pending.work
+def start_timer_ahead(*, cwd: Path, work: Path, env: dict) -> tuple:
+    """A timing worker for the next experiment, started now: it imports child.PRELOAD and
+    waits for its spec (see start_timing's `ahead`). Returns (spec path, running child)."""
+    spec_path = work / f"timing-{nonce()}-spec.json"
+    return spec_path, child.start(child.python(cwd, "perfloop.worker", str(spec_path)),
+                                  log=spec_path.with_name(spec_path.name[:-len("-spec.json")]
+                                                          + ".log"), env=env, cwd=cwd)
+
+
+def _launch(pending: Pending, variants: list[dict], go: dict | None,
+            ahead: tuple | None = None) -> tuple:
+    """Start a worker for these variants, or hand them to `ahead` (start_timer_ahead's), if it
+    still waits."""
+    if ahead and ahead[1].proc.poll() is not None:
+        ahead[1].kill()
+        ahead = None
+    tag = ahead[0].name[len("timing-"):-len("-spec.json")] if ahead else nonce()
+    work = pending.work  # (the worker's files: only an ahead worker's spec lies elsewhere)
     spec = {**pending.common, "variants": _variants_json(variants),
             "out": str(work / f"timing-{tag}.json"),
             "progress": str(work / f"timing-{tag}-progress.jsonl"),
             "imports_out": str(work / f"timing-{tag}-imports.json"),
             "go": str(work / f"timing-{tag}-go.json")}
-    spec_path = work / f"timing-{tag}-spec.json"
-    write_json(spec_path, spec)
+    spec_path = ahead[0] if ahead else work / f"timing-{tag}-spec.json"
     if go is not None:
         write_json(Path(spec["go"]), go)
+    if ahead:
+        ahead[1].adopt(progress=[Path(spec["progress"])])
+        write_json(spec_path, spec)  # (atomic: the waiting worker reads all of it or nothing)
+        return tag, ahead[1]
+    write_json(spec_path, spec)
     running = child.start(child.python(pending.cwd, "perfloop.worker", str(spec_path)),
                           log=work / f"timing-{tag}.log", env=pending.env, cwd=pending.cwd,
                           progress=[Path(spec["progress"])])
@@ -316,12 +400,13 @@ def _launch(pending: Pending, variants: list[dict], go: dict | None) -> tuple:
 def start_timing(variants: list[dict], shapes: list[dict], rules: Rules, *, contract: Path,
                  tolerance: dict, headline: str, ceilings_cache: Path, work: Path, cwd: Path,
                  env: dict, checked: list[str] | None = None,
-                 only_buckets: list[str] | None = None, always: list[str] = ()) -> Pending:
+                 only_buckets: list[str] | None = None, always: list[str] = (),
+                 ahead: tuple | None = None) -> Pending:
     """Start the worker for these variants (the incumbent and its control first). `checked`
     names the variants whose outputs and streams are checked (default: all but the incumbent
     and its control). `only_buckets`: time only the shapes in these buckets (by the kernel's
     bucket()) and those named in `always`: a change of the dispatch table leaves every other
-    bucket's code as it was."""
+    bucket's code as it was. `ahead`: a worker started ahead (start_timer_ahead) takes them."""
     common = {"shapes": shapes, "measure": vars(rules.measure),
               **({"only_buckets": list(only_buckets), "always": list(always)}
                  if only_buckets is not None else {}),
@@ -331,7 +416,7 @@ def start_timing(variants: list[dict], shapes: list[dict], rules: Rules, *, cont
               **({"checked": checked} if checked is not None else {})}
     pending = Pending(common, list(variants), work, cwd, env, rules.stall_timeout_s,
                       time.monotonic())
-    pending.attempt = _launch(pending, pending.variants, None)
+    pending.attempt = _launch(pending, pending.variants, None, ahead)
     return pending
 
 

@@ -77,6 +77,7 @@ class Search:
     screen_above: int = 8           # an experiment with more candidates is screened first:
     screen_keep: int = 4            # timed at the headline only, the fastest few go on
     screen_rounds: int = 3
+    screen_processes: int = 0       # compile the screened side by side (0: compile_processes)
     dispatch: bool = True           # false: no per-bucket dispatch (one-knob steps and joint only)
     budget_reserve: int = 2         # joint searches the time budget keeps room for at the end
     screen_s_per_config: float = 1.7  # screening's estimate before the run has screened
@@ -98,6 +99,7 @@ class Limits:
     stall_timeout_s: float = 180.0
     compile_processes: int = 0   # parallel warmers that fill cuTile's cache while judging
     judge_processes: int = 1     # pytest processes that judge an iteration's candidates
+    start_ahead: bool = False    # GPU kernels: the next experiment's children start while timing
 
 
 @dataclass(frozen=True)
@@ -126,6 +128,7 @@ class Rules:
     search: Search = Search()
     compile_processes: int = 0
     judge_processes: int = 1
+    start_ahead: bool = False
     classes: Classes = Classes()   # absent from rules pinned before it: the defaults
 
 
@@ -242,6 +245,7 @@ def rules_from_dict(raw: dict, where: str = "pinned rules") -> Rules:
                      verify=Verify(**raw["verify"]), search=_search(raw.get("search", {})),
                      compile_processes=raw.get("compile_processes", 0),
                      judge_processes=raw.get("judge_processes", 1),
+                     start_ahead=raw.get("start_ahead", False),
                      classes=Classes(**raw.get("classes", {})))
     except (KeyError, TypeError) as exc:
         raise UserError(f"{where} are incomplete ({exc.__class__.__name__}: {exc}); start a new "
@@ -305,6 +309,7 @@ def load(directory: Path) -> Playbook:
         search=_search(vars(_typed(Search, rules, "search", rules_path)), rules_path),
         compile_processes=limits.compile_processes,
         judge_processes=limits.judge_processes,
+        start_ahead=bool(limits.start_ahead),
         classes=_classes(_typed(Classes, rules, "classes", rules_path), rules_path),
     )
     autotune_path = directory / "autotune.toml"

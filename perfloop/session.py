@@ -129,6 +129,35 @@ class Session:
         self.work = self.sandbox / "work"
         self.ceilings_cache = self.root / "sandbox" / "device_ceilings.json"
         self._state: State | None = None
+        self.judges = None          # judge processes started ahead (phases.JudgePool)
+        self.timer = None           # a timing worker started ahead (phases.start_timer_ahead)
+        self.ahead = False          # set by a caller that runs experiments one after another
+
+    # ---- children started ahead ---------------------------------------------------------------
+    def start_ahead(self) -> None:
+        """Start the next experiment's judge processes and timing worker now, when the caller
+        runs several experiments and the rules want them (GPU kernels only: a CPU kernel's
+        clock would feel them starting). They import, then wait for their task."""
+        rules = self.playbook.rules  # (the run's pinned rules, once it has a state)
+        if not (self.ahead and rules.start_ahead and self.spec.requires_gpu):
+            return
+        from perfloop import phases
+
+        env = phases.child_env(self.playbook_dir)
+        if self.judges is None:
+            self.judges = phases.start_judges(
+                self.root / self.spec.judge_rel, cwd=self.root, work=self.work / "ahead",
+                env=env, processes=rules.judge_processes)
+        if self.timer is None:
+            self.timer = phases.start_timer_ahead(cwd=self.root, work=self.work / "ahead",
+                                                  env=env)
+
+    def discard_ahead(self) -> None:
+        if self.judges is not None:
+            self.judges.discard()
+        if self.timer is not None:
+            self.timer[1].kill()
+        self.judges = self.timer = None
 
     # ---- state and records -------------------------------------------------------------
     @property

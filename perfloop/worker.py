@@ -419,6 +419,8 @@ def _fastest(first_pass: dict, candidates: list[str], headline: str, tolerance: 
 
 def main(spec_path: str) -> int:
     child.guard_parent()
+    if not Path(spec_path).exists() and not child.wait_for_task(Path(spec_path)):
+        return 3  # started ahead (phases.start_timer_ahead) for an experiment that never came
     spec = json.loads(Path(spec_path).read_text())
     try:
         worker = Worker(spec)

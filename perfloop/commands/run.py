@@ -44,6 +44,14 @@ def execute(args):
     s = Session(args.kernel, args.playbook)
     if s.spec.requires_gpu:
         require_gpu()
+    s.ahead = True  # experiments follow one another: each starts the next one's children
+    try:
+        return _execute(s, args)
+    finally:
+        s.discard_ahead()
+
+
+def _execute(s, args):
     lines, profiles = [], []
 
     def report(record):

@@ -1,0 +1,153 @@
+"""Judge processes and timing workers started ahead of their experiment (phases.JudgePool,
+phases.start_timer_ahead): they wait, with what they import loaded, for their task; what they
+judge or time is what a child started then judges or times."""
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+from perfloop import phases
+from perfloop.session import Session
+from perfloop.worker import CONTROL, INCUMBENT
+
+
+def _variants(scratch, **modes) -> list[dict]:
+    knobs = json.loads((scratch.kernel / "knobs.json").read_text())
+    return [{"label": label, "folder": str(scratch.kernel), "knobs": {**knobs, "mode": mode}}
+            for label, mode in modes.items()]
+
+
+def _judge(scratch, judge: Path, work: Path, variants, processes: int, pool=None):
+    return phases.judge(judge, variants, cwd=scratch.path, work=work,
+                        deadline=time.monotonic() + 300, stall_s=120,
+                        env=phases.child_env(scratch.path / "playbook"), processes=processes,
+                        share_cases=True, pool=pool)
+
+
+def _start(scratch, judge: Path, work: Path, processes: int) -> phases.JudgePool:
+    return phases.start_judges(judge, cwd=scratch.path, work=work, processes=processes,
+                               env=phases.child_env(scratch.path / "playbook"))
+
+
+def _requests(folder: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in folder.glob("judge-*.json")
+            if "-" not in p.stem[6:]]
+
+
+def test_judges_started_ahead_give_the_verdict_of_judges_started_then(scratch, tmp_path):
+    """Two candidates in four processes started ahead (two shards each): the one wrong only at
+    n = 1000 fails on that case alone, the other passes, as in processes started on demand;
+    every request went to a waiting process, and none of them is left running."""
+    judge = scratch.path / "tests" / "judge_scripted.py"
+    pool = _start(scratch, judge, tmp_path / "ahead", 4)
+    waiting = [running for _, running in pool.ready]
+    time.sleep(1.0)  # (they may still be starting: a request written early is read then)
+    variants = _variants(scratch, good="ok", wrong="wrong-above-100")
+    ahead = _judge(scratch, judge, tmp_path / "work", variants, 4, pool)
+    then = _judge(scratch, judge, tmp_path / "then", variants, 4)
+    for res in (ahead, then):
+        assert res.passed == {"good": True, "wrong": False} and not res.crashed
+        assert [c["case"] for c in res.cases["wrong"] if not c["passed"]] == ["n=1000"]
+        assert sorted(c["case"] for c in res.cases["good"]) == ["n=1", "n=1000", "n=5"]
+    assert len(_requests(tmp_path / "ahead")) == 4 and not _requests(tmp_path / "work")
+    assert not pool.ready and all(running.proc.poll() is not None for running in waiting)
+
+
+def test_a_judge_waiting_for_its_request_has_not_imported_the_judge_or_kernel_code(
+        scratch, tmp_path):
+    """Kernel and judge code belong to the experiment: a process started ahead imports neither
+    before its request, however long it waits."""
+    mark = tmp_path / "imported"
+    judge = scratch.path / "tests" / "judge_marks.py"
+    judge.write_text((scratch.path / "tests" / "judge_scripted.py").read_text()
+                     + f"\nfrom pathlib import Path as _P\n_P({str(mark)!r}).write_text('x')\n")
+    pool = _start(scratch, judge, tmp_path / "ahead", 1)
+    time.sleep(3.0)
+    assert pool.ready[0][1].proc.poll() is None, "the waiting judge died"
+    assert not mark.exists()
+    res = _judge(scratch, judge, tmp_path / "work", _variants(scratch, c0="ok"), 1, pool)
+    assert res.passed == {"c0": True} and mark.exists()
+
+
+def test_a_judge_that_died_while_waiting_is_replaced_and_unused_ones_are_killed(
+        scratch, tmp_path):
+    judge = scratch.path / "tests" / "judge_scripted.py"
+    pool = _start(scratch, judge, tmp_path / "ahead", 2)
+    pool.ready[0][1].kill()
+    res = _judge(scratch, judge, tmp_path / "work", _variants(scratch, c0="ok"), 2, pool)
+    assert res.passed == {"c0": True} and not res.crashed
+    assert len(_requests(tmp_path / "ahead")) == 1 and len(_requests(tmp_path / "work")) == 1
+
+    pool = _start(scratch, judge, tmp_path / "more", 3)
+    spare = [running for _, running in pool.ready[1:]]
+    res = _judge(scratch, judge, tmp_path / "work2", _variants(scratch, c0="ok"), 1, pool)
+    assert res.passed == {"c0": True} and len(_requests(tmp_path / "more")) == 1
+    assert all(running.proc.poll() is not None for running in spare)  # not needed: killed
+
+
+def test_a_judge_started_for_another_judge_file_is_not_used(scratch, tmp_path):
+    judge = scratch.path / "tests" / "judge_scripted.py"
+    other = scratch.path / "tests" / "judge_other.py"
+    other.write_text(judge.read_text())
+    pool = _start(scratch, other, tmp_path / "ahead", 1)
+    waiting = pool.ready[0][1]
+    res = _judge(scratch, judge, tmp_path / "work", _variants(scratch, c0="ok"), 1, pool)
+    assert res.passed == {"c0": True}
+    assert not _requests(tmp_path / "ahead") and waiting.proc.poll() is not None
+
+
+def _time(scratch, tmp_path, ahead):
+    s = Session("scripted")
+    knobs = s.spec.read_knobs()
+    variants = [{"label": INCUMBENT, "folder": scratch.kernel, "knobs": knobs},
+                {"label": CONTROL, "folder": scratch.kernel, "knobs": knobs},
+                {"label": "c0", "folder": scratch.kernel, "knobs": {**knobs, "mode": "ok"}}]
+    pending = phases.start_timing(
+        variants, [sh.as_dict() for sh in s.spec.shapes], s.playbook.rules,
+        contract=scratch.kernel, tolerance=s.spec.tolerance, headline=s.spec.headline.name,
+        ceilings_cache=tmp_path / "ceilings.json", work=tmp_path / "work", cwd=scratch.path,
+        env=phases.child_env(scratch.path / "playbook"), ahead=ahead)
+    used = pending.attempt[1]
+    return used, phases.finish_timing(pending, ["c0"], deadline=time.monotonic() + 300)
+
+
+def test_a_timing_worker_started_ahead_times_what_it_is_then_given(scratch, tmp_path,
+                                                                     monkeypatch):
+    monkeypatch.chdir(scratch.path)
+    env = phases.child_env(scratch.path / "playbook")
+    ahead = phases.start_timer_ahead(cwd=scratch.path, work=tmp_path / "ahead", env=env)
+    time.sleep(1.0)
+    assert ahead[1].proc.poll() is None and not ahead[0].exists()
+    used, timing = _time(scratch, tmp_path, ahead)
+    assert used is ahead[1] and ahead[0].exists() and ahead[1].proc.poll() is not None
+    assert not timing.crashed and set(timing.raw["passes"][-1]["shapes"]) == {
+        sh.name for sh in Session("scripted").spec.shapes}
+
+    dead = phases.start_timer_ahead(cwd=scratch.path, work=tmp_path / "dead", env=env)
+    dead[1].kill()
+    used, timing = _time(scratch, tmp_path, dead)
+    assert used is not dead[1] and not dead[0].exists() and not timing.crashed
+
+
+def test_children_start_ahead_only_for_a_gpu_kernel_in_a_run_of_several_experiments(
+        scratch, monkeypatch):
+    """A CPU kernel's clock would feel them starting; `perfloop step` runs one experiment."""
+    monkeypatch.chdir(scratch.path)
+    s = Session("scripted")
+    s.ahead = True
+    s.start_ahead()
+    assert s.judges is None and s.timer is None  # requires_gpu = false
+    s.spec = dataclasses.replace(s.spec, requires_gpu=True)
+    s.ahead = False
+    s.start_ahead()
+    assert s.judges is None and s.timer is None
+    s.ahead = True
+    s.start_ahead()
+    try:
+        assert s.judges is not None and len(s.judges.ready) == s.playbook.rules.judge_processes
+        waiting = [running for _, running in s.judges.ready] + [s.timer[1]]
+    finally:
+        s.discard_ahead()
+    assert s.judges is None and s.timer is None
+    assert all(r.proc.poll() is not None for r in waiting)
