@@ -21,9 +21,6 @@ _BEFORE: dict = {}  # perfloop's judging functions as they were before any kerne
 
 def pytest_addoption(parser):
     parser.addoption("--perfloop-request", default=None, help="perfloop's judging request (JSON)")
-    parser.addoption("--perfloop-preload", default="",
-                     help="modules to import while waiting for a request not written yet "
-                          "(a judge started ahead)")
 
 
 def pytest_configure(config):
@@ -35,8 +32,7 @@ def pytest_configure(config):
 
         guard_parent()
         if not Path(path).exists():  # started ahead of its experiment (phases.JudgePool)
-            preload = tuple(filter(None, config.getoption("--perfloop-preload").split(",")))
-            if not wait_for_task(Path(path), preload):
+            if not wait_for_task(Path(path)):
                 pytest.exit("perfloop: no judging request came", returncode=3)
         REQUEST = json.loads(Path(path).read_text())
         _hide_pytest_from_the_environment()

@@ -64,10 +64,10 @@ class JudgeResult:
     processes: int = 1                           # judge processes run side by side
 
 
-def _judge_cmd(judge_file: Path, cwd: Path, request: Path, preload: tuple = ()) -> list[str]:
+def _judge_cmd(judge_file: Path, cwd: Path, request: Path) -> list[str]:
+    """(A judge whose request file does not exist yet was started ahead: it waits for it.)"""
     return child.python(cwd, "pytest", str(judge_file), "-q", "-p", "no:cacheprovider", "-p",
-                        "perfloop.judging", f"--perfloop-request={request}",
-                        f"--perfloop-preload={','.join(preload)}", "-o", "addopts=",
+                        "perfloop.judging", f"--perfloop-request={request}", "-o", "addopts=",
                         "--rootdir", str(cwd))
 
 
@@ -107,7 +107,7 @@ def start_judges(judge_file: Path, *, cwd: Path, work: Path, env: dict,
         tag = nonce()
         request = work / f"judge-{tag}.json"
         pool.ready.append((request, child.start(
-            _judge_cmd(judge_file, cwd, request, child.PRELOAD), log=work / f"judge-{tag}.log",
+            _judge_cmd(judge_file, cwd, request), log=work / f"judge-{tag}.log",
             env=env, cwd=cwd)))
     return pool
 
