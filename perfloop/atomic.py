@@ -1,6 +1,7 @@
 """Atomic file writes: a reader sees the old file or the new one, never half of either. JSON is
 written strictly: NaN and infinities become null, so every file is valid JSON."""
 
+import hashlib
 import json
 import math
 import os
@@ -49,5 +50,15 @@ def dumps(data, **kw) -> str:
     return json.dumps(finite(data), allow_nan=False, **kw)
 
 
+def json_bytes(data) -> bytes:
+    """What write_json writes."""
+    return (dumps(data, indent=1, sort_keys=True) + "\n").encode("utf-8")
+
+
 def write_json(path: Path, data) -> None:
-    write_text(path, dumps(data, indent=1, sort_keys=True) + "\n")
+    write_bytes(path, json_bytes(data))
+
+
+def digest(data: bytes) -> str:
+    """How a child names the task file it read, so its parent can tell it was the one it wrote."""
+    return hashlib.sha256(data).hexdigest()

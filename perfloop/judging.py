@@ -12,10 +12,14 @@ from pathlib import Path
 import pytest  # the judge's plugin only: the timing worker must not load pytest (kernel
               # code could tell the phases apart by it), so it imports nothing from here
 
+from perfloop.atomic import digest
+
 REQUEST: dict | None = None
+REQUEST_DIGEST = ""          # of the request file's bytes as read (atomic.digest)
 SELECTED: int | None = None  # the cases this process was given, after any shard's cut
+COLLECTED = ""               # digest of every case collected, in order, before the cut
 FINISHED = 0                 # the cases whose test ran to its end (passed, failed or skipped)
-SKIPPED_RUNNING = 0          # tests skipped (or xfailed) from inside their body, not by a mark
+SKIPPED_RUNNING = 0          # tests skipped (or xfailed) by code, in their body or a fixture
 _BEFORE: dict = {}  # perfloop's judging functions as they were before any kernel code ran
 
 
@@ -24,7 +28,7 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
-    global REQUEST
+    global REQUEST, REQUEST_DIGEST
     path = config.getoption("--perfloop-request")
     if path:
         from perfloop import tamper
@@ -34,7 +38,8 @@ def pytest_configure(config):
         if not Path(path).exists():  # started ahead of its experiment (phases.JudgePool)
             if not wait_for_task(Path(path)):
                 pytest.exit("perfloop: no judging request came", returncode=3)
-        REQUEST = json.loads(Path(path).read_text())
+        raw = Path(path).read_bytes()
+        REQUEST, REQUEST_DIGEST = json.loads(raw), digest(raw)
         _hide_pytest_from_the_environment()
         _BEFORE.update(tamper.snapshot(modules=tamper.JUDGE_MODULES))
 
@@ -55,7 +60,8 @@ def _hide_pytest_from_the_environment() -> None:
 def pytest_collection_modifyitems(session, config, items):
     """A shard [k, m] of the request keeps the k-th of m contiguous runs of the collected
     cases; the loop judges one variant in m processes that way."""
-    global SELECTED
+    global SELECTED, COLLECTED
+    COLLECTED = digest("\n".join(item.nodeid for item in items).encode())
     shard = (REQUEST or {}).get("shard")
     if shard:
         k, m = shard
@@ -73,13 +79,30 @@ def pytest_runtest_logfinish(nodeid, location):
     FINISHED += 1
 
 
-def pytest_runtest_logreport(report):
-    """A test that skips itself while it runs (pytest.skip or pytest.xfail called in its body)
-    may have been skipped by kernel code, which can see that pytest is loaded: the judge's own
-    skips are marks, decided before the test runs."""
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A test that skips itself (pytest.skip or pytest.xfail called in its body or in a
+    fixture, as a judge that builds the kernel in a fixture does) may have been skipped by
+    kernel code, which can see that pytest is loaded: the judge's own skips are marks."""
     global SKIPPED_RUNNING
-    if report.when == "call" and report.skipped:
+    outcome = yield
+    if outcome.get_result().skipped and not _by_a_mark(item, call):
         SKIPPED_RUNNING += 1
+
+
+def _by_a_mark(item, call) -> bool:
+    """Whether a skipped report comes from the item's skip, skipif or xfail marks: a skip
+    mark in force at setup, an xfail(run=False) mark, or a failure an xfail mark expected."""
+    from _pytest import outcomes, skipping
+
+    error = call.excinfo.value if call.excinfo is not None else None
+    if call.when == "setup":
+        if isinstance(error, outcomes.XFailed):
+            xfail = skipping.evaluate_xfail_marks(item)
+            return xfail is not None and not xfail.run
+        return isinstance(error, outcomes.Skipped) and skipping.evaluate_skip_marks(item) is not None
+    return (call.when == "call" and item.get_closest_marker("xfail") is not None
+            and not isinstance(error, (outcomes.Skipped, outcomes.XFailed)))
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -94,5 +117,6 @@ def pytest_sessionfinish(session, exitstatus):
 
         Path(REQUEST["imports_out"]).write_text(json.dumps(
             {"imports": tamper.imported_files(), "selected": SELECTED, "finished": FINISHED,
-             "skipped_running": SKIPPED_RUNNING,
+             "skipped_running": SKIPPED_RUNNING, "request": REQUEST_DIGEST,
+             "collected": COLLECTED,
              "tampered": tamper.changed(_BEFORE, modules=tamper.JUDGE_MODULES)}))

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from perfloop import child, progress, stats
-from perfloop.atomic import write_json
+from perfloop.atomic import digest, json_bytes, write_bytes, write_json
 from perfloop.playbook import Rules, thaw
 from perfloop.vocab import Outcome
 from perfloop.worker import CONTROL, INCUMBENT
@@ -122,30 +122,54 @@ def _judge_once(judge_file: Path, variants: list[dict], *, cwd: Path, work: Path
     if ready:
         request, running = ready
         tag = request.name[len("judge-"):-len(".json")]
-    else:
+        if any(p.exists() for p in _judge_files(request, tag)):
+            running.kill()  # someone wrote its request or outputs first: not this process
+            ready = None
+    if not ready:
         tag = nonce()
         request, running = work / f"judge-{tag}.json", None
     base = request.parent
     log, imports = base / f"judge-{tag}-cases.jsonl", base / f"judge-{tag}-imports.json"
-    body = {"variants": _variants_json(variants), "log": str(log), "imports_out": str(imports),
-            **({"shard": list(shard)} if shard else {}),
-            **({"contract": contract} if contract else {})}
+    body = json_bytes({"variants": _variants_json(variants), "log": str(log),
+                       "imports_out": str(imports), **({"shard": list(shard)} if shard else {}),
+                       **({"contract": contract} if contract else {})})
     if running is None:
-        write_json(request, body)
+        write_bytes(request, body)
         running = child.start(_judge_cmd(judge_file, cwd, request), log=work / f"judge-{tag}.log",
                               env=env, cwd=cwd, progress=[log])
     else:
         running.adopt(progress=[log])
-        write_json(request, body)  # (atomic: the waiting process reads all of it or nothing)
+        write_bytes(request, body)  # (atomic: the waiting process reads all of it or nothing)
     res = running.wait(deadline=deadline, stall_s=stall_s, cancel=cancel,
                        on_progress=shown.watch(log) if shown else None)
     cases: dict[str, list] = {v["label"]: [] for v in variants}
+    garbled = 0
     if log.exists():
         for line in log.read_text().splitlines():
-            entry = json.loads(line)
-            cases.setdefault(entry["label"], []).append(entry)
-    audit = json.loads(imports.read_text()) if imports.exists() else {}
+            try:
+                entry = json.loads(line)
+                label, _ = entry["label"], entry["passed"]
+                cases.setdefault(label, []).append(entry)
+            except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
+                garbled += 1
+    try:
+        audit = json.loads(imports.read_text()) if imports.exists() else {}
+    except json.JSONDecodeError:
+        audit, garbled = {}, garbled + 1
+    if not isinstance(audit, dict):
+        audit, garbled = {}, garbled + 1
+    if audit:
+        audit["foreign_request"] = audit.get("request") != digest(body)
+    if garbled:
+        audit["garbled"] = garbled
     return res, cases, audit
+
+
+def _judge_files(request: Path, tag: str) -> list[Path]:
+    """A waiting judge's request and the files it writes: none exists before perfloop writes
+    the request (their names carry a fresh nonce)."""
+    return [request, request.with_name(f"judge-{tag}-cases.jsonl"),
+            request.with_name(f"judge-{tag}-imports.json")]
 
 
 def _incomplete(res: child.ChildResult, audit: dict) -> str:
@@ -154,11 +178,17 @@ def _incomplete(res: child.ChildResult, audit: dict) -> str:
     writes at the end of the session says how many did)."""
     if res.died or res.returncode not in (0, 1):
         return res.describe()
+    if audit.get("garbled"):
+        return (f"{res.describe()}, but {audit['garbled']} line(s) of its case log or audit are "
+                "not perfloop's records (written over by code that ran in it?)")
     if audit.get("selected") is None:
         return (f"{res.describe()} without finishing its session (an exit from inside a test?), "
                 "so not every case it was given ran")
     if audit.get("finished") != audit["selected"]:
         return f"ended after {audit.get('finished')} of {audit['selected']} cases"
+    if audit.get("foreign_request"):
+        return ("judged a request perfloop did not write (its request file was replaced while "
+                "the process waited for it)")
     return ""
 
 
@@ -166,7 +196,8 @@ def _doubt(res: child.ChildResult, found: dict, audit: dict) -> str:
     """Why the passing cases of a judge process that ran to its end do not count, or ""."""
     if audit.get("skipped_running"):
         return (f"{audit['skipped_running']} test(s) skipped themselves while running (kernel "
-                "code can call pytest.skip; the judge skips only by marks)")
+                "code can call pytest.skip, in a test or a fixture; the judge skips only by "
+                "marks)")
     if res.returncode == 1 and all(e["passed"] for c in found.values() for e in c):
         return "a test failed outside perfloop.correctness.check"
     return ""
@@ -220,10 +251,19 @@ def judge(judge_file: Path, variants: list[dict], *, cwd: Path, work: Path, dead
             pending = []
             cases: dict[str, list] = {}
             untrusted, redo = {}, {}
+            # the shards of one variant cut one collection: processes that collected other
+            # cases, or in another order (parameters from a set), would skip or repeat some
+            cut = {}
+            for (group, shard, _), (_, _, audit) in runs:
+                if shard:
+                    cut.setdefault(group[0]["label"], set()).add(audit.get("collected"))
             for (group, shard, _), (res, found, audit) in runs:
                 out.imports |= set(audit.get("imports", ()))
                 out.tampered |= set(audit.get("tampered", ()))
                 why = _incomplete(res, audit)
+                if not why and shard and len(cut[group[0]["label"]]) > 1:
+                    why = ("its shards collected different cases, or the same in another order "
+                           "(parameters from a set?): some would be judged twice, others never")
                 if why:
                     if (len(group) > 1 or shard) and time.monotonic() < deadline:
                         redo.update((v["label"], v) for v in group)
@@ -358,6 +398,7 @@ class Pending:
     stall_s: float
     started: float
     attempt: tuple | None = None  # (tag, running child) of the worker waiting for its go
+    specs: dict = field(default_factory=dict)  # tag -> digest of the spec perfloop wrote
 
 
 def start_timer_ahead(*, cwd: Path, work: Path, env: dict) -> tuple:
@@ -373,27 +414,35 @@ def _launch(pending: Pending, variants: list[dict], go: dict | None,
             ahead: tuple | None = None) -> tuple:
     """Start a worker for these variants, or hand them to `ahead` (start_timer_ahead's), if it
     still waits."""
-    if ahead and ahead[1].proc.poll() is not None:
-        ahead[1].kill()
-        ahead = None
-    tag = ahead[0].name[len("timing-"):-len("-spec.json")] if ahead else nonce()
     work = pending.work  # (the worker's files: only an ahead worker's spec lies elsewhere)
-    spec = {**pending.common, "variants": _variants_json(variants),
-            "out": str(work / f"timing-{tag}.json"),
-            "progress": str(work / f"timing-{tag}-progress.jsonl"),
-            "imports_out": str(work / f"timing-{tag}-imports.json"),
-            "go": str(work / f"timing-{tag}-go.json")}
+
+    def files(tag: str) -> dict:
+        return {"out": str(work / f"timing-{tag}.json"),
+                "progress": str(work / f"timing-{tag}-progress.jsonl"),
+                "imports_out": str(work / f"timing-{tag}-imports.json"),
+                "go": str(work / f"timing-{tag}-go.json")}
+
+    if ahead:
+        tag = ahead[0].name[len("timing-"):-len("-spec.json")]
+        # dead, or someone wrote its spec or outputs first (their names carry a fresh nonce)
+        if ahead[1].proc.poll() is not None or any(
+                Path(p).exists() for p in [ahead[0], *files(tag).values()]):
+            ahead[1].kill()
+            ahead = None
+    tag = tag if ahead else nonce()
+    spec = json_bytes({**pending.common, "variants": _variants_json(variants), **files(tag)})
+    pending.specs[tag] = digest(spec)
     spec_path = ahead[0] if ahead else work / f"timing-{tag}-spec.json"
     if go is not None:
-        write_json(Path(spec["go"]), go)
+        write_json(Path(files(tag)["go"]), go)
     if ahead:
-        ahead[1].adopt(progress=[Path(spec["progress"])])
-        write_json(spec_path, spec)  # (atomic: the waiting worker reads all of it or nothing)
+        ahead[1].adopt(progress=[Path(files(tag)["progress"])])
+        write_bytes(spec_path, spec)  # (atomic: the waiting worker reads all of it or nothing)
         return tag, ahead[1]
-    write_json(spec_path, spec)
+    write_bytes(spec_path, spec)
     running = child.start(child.python(pending.cwd, "perfloop.worker", str(spec_path)),
                           log=work / f"timing-{tag}.log", env=pending.env, cwd=pending.cwd,
-                          progress=[Path(spec["progress"])])
+                          progress=[Path(files(tag)["progress"])])
     return tag, running
 
 
@@ -494,7 +543,12 @@ def _finish(pending: Pending, out: Timing, running, tag: str, remaining: list, g
         if imports.exists():
             out.imports |= set(json.loads(imports.read_text()))
         if res.returncode == 0 and result.exists():
-            out.raw = json.loads(result.read_text())
+            out.raw = _read_result(result) or {}
+            if out.raw.get("spec") == pending.specs.get(tag):
+                break
+            out.raw = {}
+            out.crashed = ("the timing worker's result is not of the spec perfloop wrote (its "
+                           f"spec or result file was replaced; log: {res.log})")
             break
         last = _last_progress(written) or {}
         culprit = last.get("label")
@@ -513,6 +567,14 @@ def _finish(pending: Pending, out: Timing, running, tag: str, remaining: list, g
         tag, running = _launch(pending, remaining, go)
     out.wall_s = round(time.monotonic() - pending.started, 3)
     return out
+
+
+def _read_result(path: Path) -> dict | None:
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return raw if isinstance(raw, dict) else None
 
 
 def time_variants(variants: list[dict], shapes: list[dict], rules: Rules, *, deadline: float,

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from perfloop import (ceilings, child, envinfo, hooks, measure, stats, streams, tamper, traffic,
                       verify)
-from perfloop.atomic import write_json
+from perfloop.atomic import digest, write_json
 from perfloop.errors import UserError
 from perfloop.kernel import Shape, import_module
 from perfloop.playbook import Measure, freeze
@@ -421,7 +421,8 @@ def main(spec_path: str) -> int:
     child.guard_parent()
     if not Path(spec_path).exists() and not child.wait_for_task(Path(spec_path)):
         return 3  # started ahead (phases.start_timer_ahead) for an experiment that never came
-    spec = json.loads(Path(spec_path).read_text())
+    raw = Path(spec_path).read_bytes()
+    spec = json.loads(raw)
     try:
         worker = Worker(spec)
     except UserError as exc:  # the contract itself is wrong (traffic()): its one line, no label
@@ -436,7 +437,7 @@ def main(spec_path: str) -> int:
     finally:
         if spec.get("imports_out"):
             Path(spec["imports_out"]).write_text(json.dumps(tamper.imported_files()))
-    write_json(Path(spec["out"]), result)
+    write_json(Path(spec["out"]), {**result, "spec": digest(raw)})  # (phases checks it)
     return 0
 
 

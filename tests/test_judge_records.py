@@ -1,0 +1,198 @@
+"""What a judge or timing process reports is believed only when it is the report of the task
+perfloop gave it: not a task file someone else wrote first (a process started ahead waits for
+its file, whose name its command line shows), not a record written over, not shards that cut
+different collections, and a skip counts as a mark only when a mark made it."""
+
+import json
+import textwrap
+import time
+from pathlib import Path
+
+from perfloop import phases
+from perfloop.session import Session
+from perfloop.worker import CONTROL, INCUMBENT
+
+
+def _variants(scratch, **modes) -> list[dict]:
+    knobs = json.loads((scratch.kernel / "knobs.json").read_text())
+    return [{"label": label, "folder": str(scratch.kernel), "knobs": {**knobs, "mode": mode}}
+            for label, mode in modes.items()]
+
+
+def _env(scratch, **extra) -> dict:
+    return {**phases.child_env(scratch.path / "playbook"), **extra}
+
+
+def _judge(scratch, judge: Path, work: Path, variants, processes: int = 1, pool=None, env=None):
+    return phases.judge(judge, variants, cwd=scratch.path, work=work,
+                        deadline=time.monotonic() + 300, stall_s=120,
+                        env=env or _env(scratch), processes=processes, share_cases=True,
+                        pool=pool)
+
+
+def _forged(request: Path, scratch, label: str) -> bytes:
+    """A request for the waiting judge that names a correct kernel under the candidate's label
+    and the log and audit files the parent will read."""
+    tag = request.name[len("judge-"):-len(".json")]
+    return json.dumps({"variants": _variants(scratch, **{label: "ok"}),
+                       "log": str(request.with_name(f"judge-{tag}-cases.jsonl")),
+                       "imports_out": str(request.with_name(f"judge-{tag}-imports.json"))}
+                      ).encode()
+
+
+def test_a_request_written_before_perfloop_writes_it_is_never_judged(scratch, tmp_path):
+    """Code that runs while the judge waits (the previous candidate's, in the timer) writes the
+    waiting judge's request first: that process is dropped, a new one judges the candidate."""
+    judge = scratch.path / "tests" / "judge_scripted.py"
+    pool = phases.start_judges(judge, cwd=scratch.path, work=tmp_path / "ahead",
+                               env=_env(scratch), processes=1)
+    request, waiting = pool.ready[0]
+    time.sleep(4.0)  # past its imports: it polls for the file now
+    request.write_bytes(_forged(request, scratch, "wrong"))
+    time.sleep(0.5)
+    res = _judge(scratch, judge, tmp_path / "work", _variants(scratch, wrong="wrong-above-100"),
+                 pool=pool)
+    assert res.passed == {"wrong": False} and not res.crashed
+    assert [c["case"] for c in res.cases["wrong"] if not c["passed"]] == ["n=1000"]
+    assert waiting.proc.poll() is not None
+
+
+def test_a_request_read_and_removed_before_perfloop_writes_its_own_does_not_count(
+        scratch, tmp_path):
+    """The forger removes its request once the waiting judge has read it, so the process looks
+    unused when perfloop writes the real one: the judge's audit names the request it read, and
+    it is not perfloop's. Without that check the wrong candidate passed every case."""
+    judge = scratch.path / "tests" / "judge_scripted.py"
+    env = _env(scratch, SCRIPTED_DELAY_S="1.5")  # its cases last until perfloop has looked
+    pool = phases.start_judges(judge, cwd=scratch.path, work=tmp_path / "ahead", env=env,
+                               processes=1)
+    request, waiting = pool.ready[0]
+    time.sleep(4.0)  # past its imports: it polls for the file now
+    request.write_bytes(_forged(request, scratch, "wrong"))
+    time.sleep(0.5)
+    request.unlink()
+    assert waiting.proc.poll() is None
+    res = _judge(scratch, judge, tmp_path / "work", _variants(scratch, wrong="wrong-above-100"),
+                 pool=pool, env=env)
+    assert not res.passed.get("wrong")
+    assert "did not write" in res.crashed["wrong"]
+
+
+def test_a_case_log_written_over_is_reported_not_a_traceback(scratch, tmp_path):
+    """A line in the case log that is not perfloop's record (kernel code wrote it) voids that
+    process's verdict with a reason; it used to raise out of the iteration."""
+    judge = scratch.path / "tests" / "judge_garbled.py"
+    judge.write_text((scratch.path / "tests" / "judge_scripted.py").read_text() + textwrap.dedent(
+        """
+        def test_zz_writes_over_the_log():
+            from perfloop import judging
+            with open(judging.REQUEST["log"], "a") as f:
+                f.write("not json\\n")
+        """))
+    res = _judge(scratch, judge, tmp_path / "work", _variants(scratch, c0="ok"))
+    assert not res.passed.get("c0") and "not perfloop's records" in res.crashed["c0"]
+
+
+def test_shards_that_collect_cases_in_another_order_are_judged_again_whole(scratch, tmp_path):
+    """Parameters from a set come in another order in each process (string hashing differs):
+    contiguous shards of different orders skip some cases and repeat others. The variant is
+    judged again in one process, every case once."""
+    judge = scratch.path / "tests" / "judge_set.py"
+    judge.write_text(textwrap.dedent('''
+        import pytest
+        from perfloop.correctness import log_case, module_for, requested_variants
+        from perfloop.playbook import freeze
+
+        SIZES = {"n" + str(i): i for i in range(1, 40)}
+
+        @pytest.mark.parametrize("variant", requested_variants(), ids=lambda v: v["label"])
+        @pytest.mark.parametrize("name", set(SIZES))
+        def test_doubles(variant, name):
+            module = module_for(variant["folder"])
+            launch = module.build({k: freeze(v) for k, v in variant["knobs"].items()})
+            values = [float(i) for i in range(SIZES[name])]
+            out = [0.0] * len(values)
+            launch(("case", values), out)
+            log_case(variant["label"], name, out == [2 * v for v in values])
+        '''))
+    env = {k: v for k, v in _env(scratch).items() if k != "PYTHONHASHSEED"}
+    res = _judge(scratch, judge, tmp_path / "work", _variants(scratch, c0="ok"), processes=4,
+                 env=env)
+    assert res.passed == {"c0": True} and not res.crashed
+    names = [c["case"] for c in res.cases["c0"]]
+    assert sorted(names) == sorted(f"n{i}" for i in range(1, 40))
+
+
+def test_a_skip_by_a_mark_is_the_judges_and_a_skip_by_code_in_a_fixture_is_not(
+        scratch, tmp_path):
+    """Marks (skip, skipif, xfail) are the judge's own: its verdict stands. A fixture that
+    builds the kernel runs kernel code, which can call pytest.skip there: doubted."""
+    marks = scratch.path / "tests" / "judge_marks.py"
+    marks.write_text((scratch.path / "tests" / "judge_scripted.py").read_text() + textwrap.dedent(
+        """
+        @pytest.mark.skip(reason="not on this machine")
+        def test_skipped_by_a_mark():
+            pass
+
+        @pytest.mark.skipif(True, reason="never")
+        def test_skipped_by_a_condition():
+            pass
+
+        @pytest.mark.xfail(reason="a known limit of the reference", strict=False)
+        def test_expected_to_fail():
+            assert False
+
+        @pytest.mark.xfail(run=False, reason="not run")
+        def test_not_run():
+            pass
+        """))
+    res = _judge(scratch, marks, tmp_path / "marks", _variants(scratch, c0="ok"))
+    assert res.passed == {"c0": True} and not res.doubted
+
+    fixture = scratch.path / "tests" / "judge_fixture.py"
+    fixture.write_text((scratch.path / "tests" / "judge_scripted.py").read_text() + textwrap.dedent(
+        """
+        @pytest.fixture
+        def built():
+            pytest.skip("the kernel's code decided so")
+
+        def test_in_a_fixture(built):
+            pass
+        """))
+    res = _judge(scratch, fixture, tmp_path / "fixture", _variants(scratch, c0="ok"))
+    assert res.passed == {"c0": False} and "skipped themselves" in res.doubted["c0"]
+
+
+def _time(scratch, tmp_path, ahead):
+    s = Session("scripted")
+    knobs = s.spec.read_knobs()
+    variants = [{"label": INCUMBENT, "folder": scratch.kernel, "knobs": knobs},
+                {"label": CONTROL, "folder": scratch.kernel, "knobs": knobs},
+                {"label": "c0", "folder": scratch.kernel, "knobs": {**knobs, "mode": "ok"}}]
+    pending = phases.start_timing(
+        variants, [sh.as_dict() for sh in s.spec.shapes], s.playbook.rules,
+        contract=scratch.kernel, tolerance=s.spec.tolerance, headline=s.spec.headline.name,
+        ceilings_cache=tmp_path / "ceilings.json", work=tmp_path / "work", cwd=scratch.path,
+        env=phases.child_env(scratch.path / "playbook"), ahead=ahead)
+    used = pending.attempt[1]
+    return used, phases.finish_timing(pending, ["c0"], deadline=time.monotonic() + 300)
+
+
+def test_a_timing_spec_written_before_perfloop_writes_it_is_never_timed(scratch, tmp_path,
+                                                                         monkeypatch):
+    monkeypatch.chdir(scratch.path)
+    ahead = phases.start_timer_ahead(cwd=scratch.path, work=tmp_path / "ahead",
+                                     env=phases.child_env(scratch.path / "playbook"))
+    ahead[0].write_text("{}")
+    used, timing = _time(scratch, tmp_path, ahead)
+    assert used is not ahead[1] and ahead[1].proc.poll() is not None
+    assert not timing.crashed and timing.raw["passes"]
+
+
+def test_a_timing_result_of_another_spec_is_not_used(scratch, tmp_path, monkeypatch):
+    """The worker's result names the spec it read; one that is not the spec perfloop wrote
+    (here: perfloop remembers another digest) is a crash, never a timing."""
+    monkeypatch.chdir(scratch.path)
+    monkeypatch.setattr(phases, "digest", lambda data: "not the spec's")
+    used, timing = _time(scratch, tmp_path, None)
+    assert "not of the spec perfloop wrote" in timing.crashed and not timing.raw
