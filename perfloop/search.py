@@ -534,10 +534,15 @@ def bucket_entry_change(before: dict | None, after: dict) -> tuple[str, dict]:
 
 
 def by_headroom(joints: list, shares: dict[str, float] | None, headline: str) -> list:
-    """Joint search suggestions, the one at the shape whose incumbent runs at the smallest
-    share of its physical floor first (the headline's first among equals, and when no floor
-    is known): where the most is left, since the time budget may leave room for one only."""
-    if not shares:
-        return list(joints)
-    return sorted(joints, key=lambda sg: shares.get((sg.sampler or {}).get("shape") or headline,
-                                                    1.0))
+    """Joint search suggestions: the headline's first, then the buckets', the one at the shape
+    whose incumbent runs at the smallest share of its physical floor first (as offered when no
+    floor is known), since the time budget may leave room for one only. The headline decides
+    keep or revert, and its joint search moves the plain knobs that every bucket without its
+    own entry runs, which voids the bucket searches done before it (they are offered again);
+    a share of the floor also ranks a shape whose floor nothing reaches first for ever (H100
+    RMSNorm's fp32 tail: torch.compile at 0.68 of it), so it cannot put a bucket ahead."""
+    head = [sg for sg in joints if not (sg.sampler or {}).get("shape")]
+    rest = [sg for sg in joints if (sg.sampler or {}).get("shape")]
+    if shares:
+        rest.sort(key=lambda sg: shares.get(sg.sampler["shape"], 1.0))
+    return head + rest

@@ -778,18 +778,19 @@ def test_a_bucket_reads_its_own_one_knob_ratios_and_skips_knobs_it_dispatched():
     assert search.benchmark_buckets(recs, "head") == [("small", "guard")]
 
 
-def test_the_joint_search_where_the_incumbent_is_furthest_from_its_floor_goes_first():
+def test_the_headlines_joint_search_goes_first_then_the_bucket_furthest_from_its_floor():
     def joint(shape=None):
         return decide.Suggestion(search.optimization(search.JOINT, ()), (), 0, "",
                                  sampler={"shape": shape} if shape else {"name": "all"})
 
-    offered = [joint(), joint("wide"), joint("tail")]
-    shares = {"head": 0.77, "wide": 0.53, "tail": 0.58}
+    offered = [joint("tail"), joint("wide"), joint()]
+    shares = {"head": 0.97, "wide": 0.53, "tail": 0.58}
     assert [sg.sampler.get("shape") for sg in search.by_headroom(offered, shares, "head")] == [
-        "wide", "tail", None]
-    assert search.by_headroom(offered, None, "head") == offered   # no floor known: as offered
-    level = {"head": 0.9, "wide": 0.9, "tail": 0.95}
-    assert search.by_headroom(offered, level, "head")[0] is offered[0]
+        None, "wide", "tail"]
+    assert [sg.sampler.get("shape") for sg in search.by_headroom(offered, None, "head")] == [
+        None, "tail", "wide"]   # no floor known: the buckets as offered
+    assert [sg.sampler.get("shape") for sg in search.by_headroom(offered[:2], shares, "head")
+            ] == ["wide", "tail"]
 
 
 def test_each_buckets_joint_search_runs_once_until_the_catalog_keeps_a_change():
