@@ -9,8 +9,7 @@ import time
 from pathlib import Path
 
 from perfloop import phases
-from perfloop.session import Session
-from perfloop.worker import CONTROL, INCUMBENT
+from support.timing import time_scripted
 
 
 def _variants(scratch, **modes) -> list[dict]:
@@ -163,28 +162,13 @@ def test_a_skip_by_a_mark_is_the_judges_and_a_skip_by_code_in_a_fixture_is_not(
     assert res.passed == {"c0": False} and "skipped themselves" in res.doubted["c0"]
 
 
-def _time(scratch, tmp_path, ahead):
-    s = Session("scripted")
-    knobs = s.spec.read_knobs()
-    variants = [{"label": INCUMBENT, "folder": scratch.kernel, "knobs": knobs},
-                {"label": CONTROL, "folder": scratch.kernel, "knobs": knobs},
-                {"label": "c0", "folder": scratch.kernel, "knobs": {**knobs, "mode": "ok"}}]
-    pending = phases.start_timing(
-        variants, [sh.as_dict() for sh in s.spec.shapes], s.playbook.rules,
-        contract=scratch.kernel, tolerance=s.spec.tolerance, headline=s.spec.headline.name,
-        ceilings_cache=tmp_path / "ceilings.json", work=tmp_path / "work", cwd=scratch.path,
-        env=phases.child_env(scratch.path / "playbook"), ahead=ahead)
-    used = pending.attempt[1]
-    return used, phases.finish_timing(pending, ["c0"], deadline=time.monotonic() + 300)
-
-
 def test_a_timing_spec_written_before_perfloop_writes_it_is_never_timed(scratch, tmp_path,
                                                                          monkeypatch):
     monkeypatch.chdir(scratch.path)
     ahead = phases.start_timer_ahead(cwd=scratch.path, work=tmp_path / "ahead",
                                      env=phases.child_env(scratch.path / "playbook"))
     ahead[0].write_text("{}")
-    used, timing = _time(scratch, tmp_path, ahead)
+    used, timing = time_scripted(scratch, tmp_path, ahead)
     assert used is not ahead[1] and ahead[1].proc.poll() is not None
     assert not timing.crashed and timing.raw["passes"]
 
@@ -194,5 +178,5 @@ def test_a_timing_result_of_another_spec_is_not_used(scratch, tmp_path, monkeypa
     (here: perfloop remembers another digest) is a crash, never a timing."""
     monkeypatch.chdir(scratch.path)
     monkeypatch.setattr(phases, "digest", lambda data: "not the spec's")
-    used, timing = _time(scratch, tmp_path, None)
+    used, timing = time_scripted(scratch, tmp_path, None)
     assert "not of the spec perfloop wrote" in timing.crashed and not timing.raw

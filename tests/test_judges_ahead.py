@@ -9,7 +9,7 @@ from pathlib import Path
 
 from perfloop import phases
 from perfloop.session import Session
-from perfloop.worker import CONTROL, INCUMBENT
+from support.timing import time_scripted
 
 
 def _variants(scratch, **modes) -> list[dict]:
@@ -97,21 +97,6 @@ def test_a_judge_started_for_another_judge_file_is_not_used(scratch, tmp_path):
     assert not _requests(tmp_path / "ahead") and waiting.proc.poll() is not None
 
 
-def _time(scratch, tmp_path, ahead):
-    s = Session("scripted")
-    knobs = s.spec.read_knobs()
-    variants = [{"label": INCUMBENT, "folder": scratch.kernel, "knobs": knobs},
-                {"label": CONTROL, "folder": scratch.kernel, "knobs": knobs},
-                {"label": "c0", "folder": scratch.kernel, "knobs": {**knobs, "mode": "ok"}}]
-    pending = phases.start_timing(
-        variants, [sh.as_dict() for sh in s.spec.shapes], s.playbook.rules,
-        contract=scratch.kernel, tolerance=s.spec.tolerance, headline=s.spec.headline.name,
-        ceilings_cache=tmp_path / "ceilings.json", work=tmp_path / "work", cwd=scratch.path,
-        env=phases.child_env(scratch.path / "playbook"), ahead=ahead)
-    used = pending.attempt[1]
-    return used, phases.finish_timing(pending, ["c0"], deadline=time.monotonic() + 300)
-
-
 def test_a_timing_worker_started_ahead_times_what_it_is_then_given(scratch, tmp_path,
                                                                      monkeypatch):
     monkeypatch.chdir(scratch.path)
@@ -119,14 +104,14 @@ def test_a_timing_worker_started_ahead_times_what_it_is_then_given(scratch, tmp_
     ahead = phases.start_timer_ahead(cwd=scratch.path, work=tmp_path / "ahead", env=env)
     time.sleep(1.0)
     assert ahead[1].proc.poll() is None and not ahead[0].exists()
-    used, timing = _time(scratch, tmp_path, ahead)
+    used, timing = time_scripted(scratch, tmp_path, ahead)
     assert used is ahead[1] and ahead[0].exists() and ahead[1].proc.poll() is not None
     assert not timing.crashed and set(timing.raw["passes"][-1]["shapes"]) == {
         sh.name for sh in Session("scripted").spec.shapes}
 
     dead = phases.start_timer_ahead(cwd=scratch.path, work=tmp_path / "dead", env=env)
     dead[1].kill()
-    used, timing = _time(scratch, tmp_path, dead)
+    used, timing = time_scripted(scratch, tmp_path, dead)
     assert used is not dead[1] and not dead[0].exists() and not timing.crashed
 
 
