@@ -73,7 +73,7 @@ class Search:
     joint_margin: float = 0.03      # one-knob values this close to the best join the search
     joint_max_configs: int = 30
     interactions: tuple = ()        # pairs of knobs searched together whenever one is
-    pair_share: float = 2 / 3       # of a sampled joint search: configs moving one pair only
+    pair_share: float = 1.0         # of a sampled joint search: configs moving one pair only
     screen_above: int = 8           # an experiment with more candidates is screened first:
     screen_keep: int = 4            # timed at the headline only, the fastest few go on
     screen_rounds: int = 3
