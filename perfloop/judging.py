@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest  # the judge's plugin only: the timing worker must not load pytest (kernel
               # code could tell the phases apart by it), so it imports nothing from here
+from _pytest import outcomes, skipping
 
 from perfloop.atomic import digest
 
@@ -93,8 +94,6 @@ def pytest_runtest_makereport(item, call):
 def _by_a_mark(item, call) -> bool:
     """Whether a skipped report comes from the item's skip, skipif or xfail marks: a skip
     mark in force at setup, an xfail(run=False) mark, or a failure an xfail mark expected."""
-    from _pytest import outcomes, skipping
-
     error = call.excinfo.value if call.excinfo is not None else None
     if call.when == "setup":
         if isinstance(error, outcomes.XFailed):

@@ -121,15 +121,13 @@ def _judge_once(judge_file: Path, variants: list[dict], *, cwd: Path, work: Path
     JudgePool, or a new one."""
     if ready:
         request, running = ready
-        tag = request.name[len("judge-"):-len(".json")]
-        if any(p.exists() for p in _judge_files(request, tag)):
+        if any(p.exists() for p in _judge_files(request)):
             running.kill()  # someone wrote its request or outputs first: not this process
             ready = None
     if not ready:
-        tag = nonce()
-        request, running = work / f"judge-{tag}.json", None
-    base = request.parent
-    log, imports = base / f"judge-{tag}-cases.jsonl", base / f"judge-{tag}-imports.json"
+        request, running = work / f"judge-{nonce()}.json", None
+    tag = request.name[len("judge-"):-len(".json")]
+    _, log, imports = _judge_files(request)
     body = json_bytes({"variants": _variants_json(variants), "log": str(log),
                        "imports_out": str(imports), **({"shard": list(shard)} if shard else {}),
                        **({"contract": contract} if contract else {})})
@@ -165,9 +163,10 @@ def _judge_once(judge_file: Path, variants: list[dict], *, cwd: Path, work: Path
     return res, cases, audit
 
 
-def _judge_files(request: Path, tag: str) -> list[Path]:
-    """A waiting judge's request and the files it writes: none exists before perfloop writes
-    the request (their names carry a fresh nonce)."""
+def _judge_files(request: Path) -> list[Path]:
+    """A judge's request, its case log and its audit: none exists before perfloop writes the
+    request (their names carry a fresh nonce)."""
+    tag = request.name[len("judge-"):-len(".json")]
     return [request, request.with_name(f"judge-{tag}-cases.jsonl"),
             request.with_name(f"judge-{tag}-imports.json")]
 
@@ -422,27 +421,27 @@ def _launch(pending: Pending, variants: list[dict], go: dict | None,
                 "imports_out": str(work / f"timing-{tag}-imports.json"),
                 "go": str(work / f"timing-{tag}-go.json")}
 
-    if ahead:
-        tag = ahead[0].name[len("timing-"):-len("-spec.json")]
-        # dead, or someone wrote its spec or outputs first (their names carry a fresh nonce)
-        if ahead[1].proc.poll() is not None or any(
-                Path(p).exists() for p in [ahead[0], *files(tag).values()]):
-            ahead[1].kill()
-            ahead = None
-    tag = tag if ahead else nonce()
-    spec = json_bytes({**pending.common, "variants": _variants_json(variants), **files(tag)})
+    tag = ahead[0].name[len("timing-"):-len("-spec.json")] if ahead else None
+    # dead, or someone wrote its spec or outputs first (their names carry a fresh nonce)
+    if ahead and (ahead[1].proc.poll() is not None or any(
+            Path(p).exists() for p in [ahead[0], *files(tag).values()])):
+        ahead[1].kill()
+        ahead = tag = None
+    tag = tag or nonce()
+    paths = files(tag)
+    spec = json_bytes({**pending.common, "variants": _variants_json(variants), **paths})
     pending.specs[tag] = digest(spec)
     spec_path = ahead[0] if ahead else work / f"timing-{tag}-spec.json"
     if go is not None:
-        write_json(Path(files(tag)["go"]), go)
+        write_json(Path(paths["go"]), go)
     if ahead:
-        ahead[1].adopt(progress=[Path(files(tag)["progress"])])
+        ahead[1].adopt(progress=[Path(paths["progress"])])
         write_bytes(spec_path, spec)  # (atomic: the waiting worker reads all of it or nothing)
         return tag, ahead[1]
     write_bytes(spec_path, spec)
     running = child.start(child.python(pending.cwd, "perfloop.worker", str(spec_path)),
                           log=work / f"timing-{tag}.log", env=pending.env, cwd=pending.cwd,
-                          progress=[Path(files(tag)["progress"])])
+                          progress=[Path(paths["progress"])])
     return tag, running
 
 

@@ -326,7 +326,7 @@ def joint_plan(recs: list[dict], knobs: dict, headline: str, margin: float,
     # occupancy 2 ran 1.7x slower at 2 rows per block and was the best value at 1 row; TPE,
     # told the former, left out every config with occupancy 2). The configs that move one
     # such pair only are taken first (up to pair_share of the cap, the rest left to the
-    # sampler), spread over their values so that a cut never drops a value whole.
+    # sampler): each pair whole, the pair cut short spread over its values (_whole_pairs).
     pair_knobs = [set(pair) for pair in interactions]
     pair_keys = [key for key, c in allowed.items() if set(c) in pair_knobs]
     pairs = _whole_pairs(pair_keys, allowed, max(max_configs - (len(allowed) - len(pair_keys)),
