@@ -92,6 +92,31 @@ def test_a_case_log_written_over_is_reported_not_a_traceback(scratch, tmp_path):
     assert not res.passed.get("c0") and "not perfloop's records" in res.crashed["c0"]
 
 
+def test_an_audit_written_over_is_reported_not_a_traceback(scratch, tmp_path):
+    """Code that ran in the judge writes over the audit once pytest has written it (at exit):
+    not JSON, or JSON that is not the audit's object, voids the verdict with a reason."""
+    for i, garbage in enumerate(["not json", "[1, 2]"]):
+        judge = scratch.path / "tests" / f"judge_audit_{i}.py"
+        judge.write_text((scratch.path / "tests" / "judge_scripted.py").read_text()
+                         + textwrap.dedent(f"""
+            def test_zz_writes_over_the_audit_at_exit():
+                import atexit
+                from perfloop import judging
+                path = judging.REQUEST["imports_out"]
+                atexit.register(lambda: open(path, "w").write({garbage!r}))
+            """))
+        res = _judge(scratch, judge, tmp_path / f"work{i}", _variants(scratch, c0="ok"))
+        assert not res.passed.get("c0") and "not perfloop's records" in res.crashed["c0"]
+
+
+def test_a_timing_result_that_is_not_a_result_reads_as_none(tmp_path):
+    for i, garbage in enumerate(["not json", "[1, 2]", ""]):
+        path = tmp_path / f"timing-{i}.json"
+        path.write_text(garbage)
+        assert phases._read_result(path) is None
+    assert phases._read_result(tmp_path / "missing.json") is None
+
+
 def test_shards_that_collect_cases_in_another_order_are_judged_again_whole(scratch, tmp_path):
     """Parameters from a set come in another order in each process (string hashing differs):
     contiguous shards of different orders skip some cases and repeat others. The variant is
