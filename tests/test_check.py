@@ -108,3 +108,36 @@ def test_domains_hold_every_candidate_the_playbook_can_set():
     doms = variants.domains(dataclasses.replace(pb, optimizations=(both,)),
                             {"occupancy": None, "tile": (1, 1024)}, {})
     assert doms == {"occupancy": [None, 32], "tile": [(1, 1024), (1, 4096)]}
+
+
+class CompilerExecutionError(Exception):  # cuTile's name for a compiler that failed
+    pass
+
+
+class _Flaky:
+    """compile_ahead raising what cuTile raises when tileiras dies (or fails), `crashes` times."""
+
+    def __init__(self, crashes: int, message: str = "Return code -11\n"):
+        self.crashes, self.message, self.calls = crashes, message, 0
+
+    def compile_ahead(self, knobs, shapes, arch):
+        self.calls += 1
+        if self.calls <= self.crashes:
+            raise CompilerExecutionError(self.message)
+
+
+def test_a_compiler_killed_by_a_signal_is_tried_once_more():
+    from perfloop.commands.check import _compile
+
+    once = _Flaky(1)
+    _compile(once, {}, [], "sm_90")
+    assert once.calls == 2
+    twice = _Flaky(2)
+    with pytest.raises(CompilerExecutionError):
+        _compile(twice, {}, [], "sm_90")
+    assert twice.calls == 2
+    # a compiler that exits with an error is the variant's verdict: not tried again
+    failed = _Flaky(1, "Return code 5\nerror: register allocation failed")
+    with pytest.raises(CompilerExecutionError):
+        _compile(failed, {}, [], "sm_90")
+    assert failed.calls == 1
