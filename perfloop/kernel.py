@@ -293,3 +293,15 @@ def import_module(folder: Path, tag: str):
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def triton_competitor(folder: Path, file: str, function: str) -> dict:
+    """What a kernel's competitors() returns for a Triton kernel of its own, `function` in
+    folder/file: {"triton": that function}, or {} where Triton is not installed."""
+    if importlib.util.find_spec("triton") is None:
+        return {}
+    path = Path(folder) / file
+    spec = importlib.util.spec_from_file_location(f"perfloop_competitor_{function}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return {"triton": getattr(module, function)}

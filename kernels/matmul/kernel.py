@@ -218,15 +218,10 @@ def traffic(shape) -> dict:
 def competitors() -> dict:
     """Other implementations `perfloop bench` times beside PyTorch's, {name: fn(a, b) -> c}:
     a Triton matmul where Triton is installed."""
-    import importlib.util
+    from perfloop.kernel import triton_competitor
 
-    if importlib.util.find_spec("triton") is None:
-        return {}
-    path = Path(__file__).resolve().parent / "triton_matmul.py"
-    spec = importlib.util.spec_from_file_location(f"matmul_triton_{id(path)}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return {"triton": module.triton_matmul}
+    return triton_competitor(Path(__file__).resolve().parent, "triton_matmul.py",
+                             "triton_matmul")
 
 
 def compile_ahead(knobs: dict, shapes, arch: str) -> None:

@@ -246,6 +246,15 @@ def traffic(shape) -> dict:
             "flops": {"fp32": 4 * numel + 2 * rows, "sfu": rows}}
 
 
+def competitors() -> dict:
+    """Other implementations `perfloop bench` times beside PyTorch's, {name: fn(x, w) -> y}:
+    a Triton rmsnorm (one row per program) where Triton is installed."""
+    from perfloop.kernel import triton_competitor
+
+    return triton_competitor(Path(__file__).resolve().parent, "triton_rmsnorm.py",
+                             "triton_rmsnorm")
+
+
 def compile_ahead(knobs: dict, shapes, arch: str) -> None:
     """Compile this variant for every (dtype, n) of `shapes` with tileiras, no GPU needed."""
     from cuda.tile.compilation import (ArrayConstraint, CallingConvention, KernelSignature,

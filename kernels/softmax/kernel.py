@@ -231,6 +231,15 @@ def traffic(shape) -> dict:
             "flops": {"fp32": 4 * numel, "sfu": numel + rows}}
 
 
+def competitors() -> dict:
+    """Other implementations `perfloop bench` times beside PyTorch's, {name: fn(x) -> y}:
+    a Triton softmax (one row per program) where Triton is installed."""
+    from perfloop.kernel import triton_competitor
+
+    return triton_competitor(Path(__file__).resolve().parent, "triton_softmax.py",
+                             "triton_softmax")
+
+
 def compile_ahead(knobs: dict, shapes, arch: str) -> None:
     """Compile this variant for every (dtype, n) of `shapes` with tileiras, no GPU needed."""
     from cuda.tile.compilation import (ArrayConstraint, CallingConvention, KernelSignature,

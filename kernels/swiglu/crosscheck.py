@@ -2,10 +2,11 @@
 GPU: `python kernels/swiglu/crosscheck.py sandbox/swiglu/bench.json` (for another kernel, name
 its folder: `... sandbox/rmsnorm/bench.json kernels/rmsnorm`).
 
-For each shape, the cuTile kernel (with the knobs bench used) and torch.compile (compiled for
-that shape, dynamic=False) are timed by do_bench twice: as shipped, whose L2 clear writes
-zeros over 256 MB (the dirty lines it leaves are written back during the timed kernel), and
-with that clear replaced by a read of the same buffer, as perfloop's clock flushes. Prints
+For each shape, the cuTile kernel (with the knobs bench used), torch.compile (compiled for
+that shape, dynamic=False) and the kernel's other competitors (its competitors(), e.g. a
+Triton kernel) are timed by do_bench twice: as shipped, whose L2 clear writes zeros over 256
+MB (the dirty lines it leaves are written back during the timed kernel), and with that clear
+replaced by a read of the same buffer, as perfloop's clock flushes. Prints
 bench's medians beside both, and the ratios.
 """
 
@@ -52,8 +53,10 @@ def main(bench_json: str, folder: Path = HERE) -> None:
         out = module.empty_output(inputs)
         torch._dynamo.reset()
         compiled = torch.compile(module.reference, dynamic=False)
+        rivals = module.competitors() if hasattr(module, "competitors") else {}
         for variant, fn in (("cutile", lambda i=inputs, o=out: launch(i, o)),
-                            ("torch-compile", lambda i=inputs: compiled(*i))):
+                            ("torch-compile", lambda i=inputs: compiled(*i)),
+                            *((name, lambda i=inputs, f=f: f(*i)) for name, f in rivals.items())):
             fn()
             torch.cuda.synchronize()
             zero, read = _median_us(fn, False), _median_us(fn, True)
