@@ -285,10 +285,11 @@ def _shape(raw: dict, held_back: bool = False) -> Shape:
                  _items(raw.get("params")), _items(raw.get("dtypes")))
 
 
-def import_module(folder: Path, tag: str):
-    """Import folder/kernel.py under a unique name, so two versions can live in one process."""
+def import_module(folder: Path, tag: str, file: str = MODULE):
+    """Import folder/kernel.py (or another file of the folder) under a unique name, so two
+    versions can live in one process."""
     name = f"perfloop_kernel_{tag}"
-    spec = importlib.util.spec_from_file_location(name, folder / MODULE)
+    spec = importlib.util.spec_from_file_location(name, Path(folder) / file)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
@@ -300,8 +301,4 @@ def triton_competitor(folder: Path, file: str, function: str) -> dict:
     folder/file: {"triton": that function}, or {} where Triton is not installed."""
     if importlib.util.find_spec("triton") is None:
         return {}
-    path = Path(folder) / file
-    spec = importlib.util.spec_from_file_location(f"perfloop_competitor_{function}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return {"triton": getattr(module, function)}
+    return {"triton": getattr(import_module(folder, f"competitor_{function}", file), function)}
