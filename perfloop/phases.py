@@ -126,14 +126,13 @@ def _judge_once(judge_file: Path, variants: list[dict], *, cwd: Path, work: Path
             ready = None
     if not ready:
         request, running = work / f"judge-{nonce()}.json", None
-    tag = request.name[len("judge-"):-len(".json")]
     _, log, imports = _judge_files(request)
     body = json_bytes({"variants": _variants_json(variants), "log": str(log),
                        "imports_out": str(imports), **({"shard": list(shard)} if shard else {}),
                        **({"contract": contract} if contract else {})})
     if running is None:
         write_bytes(request, body)
-        running = child.start(_judge_cmd(judge_file, cwd, request), log=work / f"judge-{tag}.log",
+        running = child.start(_judge_cmd(judge_file, cwd, request), log=request.with_suffix(".log"),
                               env=env, cwd=cwd, progress=[log])
     else:
         running.adopt(progress=[log])
