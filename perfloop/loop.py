@@ -109,9 +109,26 @@ def prepare_step(s: Session, kind: Kind) -> None:
     if kind == Kind.AGENT and not inside:
         raise UserError(f"nothing to judge: no uncommitted changes inside {s.folder_rel}/")
     if kind == Kind.PLAYBOOK and inside:
-        raise UserError(f"refused: uncommitted edits inside {s.folder_rel}/ "
-                        f"({gitops.listing(inside)}); judge them with `perfloop step --describe`, "
-                        "or commit or discard them, before a playbook step")
+        _refuse_edits_inside(s, inside)
+
+
+def _refuse_edits_inside(s: Session, inside: list[str]) -> None:
+    raise UserError(f"refused: uncommitted edits inside {s.folder_rel}/ "
+                    f"({gitops.listing(inside)}); judge them with `perfloop step --describe`, "
+                    "or commit or discard them, before a playbook step")
+
+
+def require_no_edits_before_steps(s: Session) -> None:
+    """`run --resume` goes on with playbook steps, which refuse uncommitted edits inside the
+    kernel folder: refuse them before the recovery finishes anything, so that a refused command
+    changes nothing. Edits that an interrupted, unrecorded experiment left are recovery's to
+    judge (perfloop's own knobs.json, an agent step's edits)."""
+    flight = s.state.in_flight
+    if flight and not any(r.iteration == flight["iteration"] for r in s.records()):
+        return
+    inside = s.changes_inside_folder()
+    if inside:
+        _refuse_edits_inside(s, inside)
 
 
 def resume(s: Session) -> records.Experiment | None:

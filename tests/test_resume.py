@@ -182,3 +182,29 @@ def test_ctrl_c_while_judging_in_parallel_kills_every_judge_at_once(scratch):
     assert proc.returncode == 130 and time.monotonic() - started < 15, err
     left = subprocess.run(["pgrep", "-f", str(work)], capture_output=True, text=True).stdout
     assert left.strip() == "", f"judge processes left running: {left}"
+
+
+@pytest.mark.parametrize("phase", ["record", "git", "table"])
+def test_resume_refused_for_edits_inside_changes_nothing(scratch, phase):
+    """Found by the state machine: killed after the record was written, then an edit inside
+    the folder; `run --resume` finished the recorded experiment, then refused its next step for
+    the edit: a refused command that changed the run's state. It now refuses first."""
+    scratch.script(GAINS)
+    scratch.commit_all("script")
+    assert scratch.cli("init", "--kernel", "scripted")[0] == 0
+    code, _, _ = scratch.cli("step", "--kernel", "scripted", "--opt", "fast_math",
+                             env={"PERFLOOP_CRASH_AT": f"{phase}@1"})
+    assert code == -9
+    knobs = scratch.kernel / "knobs.json"
+    knobs.write_text(knobs.read_text().replace('"fast_math": true', '"fast_math": false'))
+    sandbox = scratch.path / "sandbox/scripted"
+    before = {p.name: p.read_bytes() for p in sandbox.iterdir() if p.is_file()}
+    head, edited = scratch.head(), knobs.read_text()
+    code, out, _ = scratch.cli("run", "--kernel", "scripted", "--resume", "--max-iterations", "1")
+    assert code == 2 and "uncommitted edits inside" in out["error"]
+    assert {p.name: p.read_bytes() for p in sandbox.iterdir() if p.is_file()} == before
+    assert scratch.head() == head and knobs.read_text() == edited
+    git(scratch.path, "checkout", "--", "kernels/scripted/knobs.json")
+    code, out, err = scratch.cli("run", "--kernel", "scripted", "--resume", "--max-iterations", "0")
+    assert code == 0, err
+    assert_consistent(scratch, 2)

@@ -68,6 +68,8 @@ def _execute(s, args):
         if args.new:
             raise UserError("--resume and --new exclude each other")
         s.require_run()
+        if s.state.stop is None and args.max_iterations != 0:
+            loop.require_no_edits_before_steps(s)
         redone = loop.resume(s)
     else:
         redone, undone = loop.start(s, new=args.new)
