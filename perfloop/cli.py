@@ -9,11 +9,12 @@ import tempfile
 import traceback
 from pathlib import Path
 
-from perfloop import __version__, progress
-from perfloop.atomic import dumps
+from perfloop import __version__
 from perfloop.commands import COMMANDS
-from perfloop.errors import UserError
-from perfloop.views import SCHEMA
+from perfloop.core import progress
+from perfloop.core.atomic import dumps
+from perfloop.core.errors import UserError
+from perfloop.report.views import SCHEMA
 
 DESCRIPTION = """\
 Make a cuTile kernel faster one measured experiment at a time. Each experiment changes one

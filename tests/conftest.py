@@ -13,8 +13,8 @@ SCRIPTED = Path(__file__).resolve().parent / "scripted"
 
 def _has_gpu() -> bool:
     try:
-        import torch
         import cuda.tile  # noqa: F401
+        import torch
     except ImportError:
         return False
     return torch.cuda.is_available()

@@ -12,7 +12,7 @@ import shutil
 import pytest
 from conftest import ROOT, Scratch
 
-from perfloop import table
+from perfloop.store import table
 
 
 def _started(scratch: Scratch) -> dict:
@@ -91,7 +91,7 @@ def test_a_module_planted_where_the_judge_imports_from_is_refused(scratch, plant
     before = _started(scratch)
     path = scratch.path / planted
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("import perfloop.correctness as c\nc.log_case = lambda *a, **k: None\n")
+    path.write_text("import perfloop.child.judge_api as c\nc.log_case = lambda *a, **k: None\n")
     _set_mode(scratch, "wrong")
     code, out, _ = scratch.cli("step", "--kernel", "scripted", "--describe", "wrong, planted")
     assert code == 2 and planted in out["error"] and "could be imported by the judge" in out["error"]
@@ -111,7 +111,7 @@ def test_bytecode_planted_beside_the_judge_is_never_loaded(scratch):
     from _pytest.assertion.rewrite import PYC_TAIL
 
     fake = scratch.path / "fake_judge.py"
-    source = ("from perfloop.correctness import log_case, requested_variants\n"
+    source = ("from perfloop.child.judge_api import log_case, requested_variants\n"
               "def test_doubles():\n"
               "    for v in requested_variants():\n"
               "        log_case(v['label'], 'n=1', True)\n")

@@ -11,8 +11,14 @@ from types import SimpleNamespace
 import pytest
 from conftest import ROOT
 
-from perfloop import autotune
-from perfloop.autotune import AutotuneError, Autotuner, DiskCache, prepare_space, space_for
+from perfloop.core import autotune
+from perfloop.core.autotune import (
+    AutotuneError,
+    Autotuner,
+    DiskCache,
+    prepare_space,
+    space_for,
+)
 
 IDENTITY = {"kernel": "k", "source_sha256": "abc", "gpu": "NVIDIA H200", "arch": "sm_90",
             "cutile": "1.7.0", "tileiras": "release 13.4", "key": "((4096, 11008), 'bf16')",
@@ -145,8 +151,8 @@ def test_an_entry_whose_config_left_the_space_is_ignored(tmp_path):
 WRITER = """
 import sys, time, os
 sys.path.insert(0, {root!r})
-import perfloop.atomic as atomic
-from perfloop.autotune import DiskCache
+import perfloop.core.atomic as atomic
+from perfloop.core.autotune import DiskCache
 atomic.os.fsync = lambda fd: (open({marker!r}, "w").close(), time.sleep(60))
 DiskCache({cache!r}).put(json_ident, {{"occupancy": 8}}, {{"pad": "x" * 1000000}})
 """

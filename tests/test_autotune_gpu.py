@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from perfloop import autotune, measure, stats
-from perfloop.kernel import Shape, import_module, read_knobs
-from perfloop.playbook import SHIPPED, load
+from perfloop.child import clock as measure
+from perfloop.core import autotune, stats
+from perfloop.core.kernel import Shape, import_module, read_knobs
+from perfloop.core.playbook import SHIPPED, load
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.gpu
@@ -58,7 +59,7 @@ def test_second_call_and_second_process_do_not_search(fresh_cache):
     again((a, b), out)
     assert (first.tuner.searches, again.tuner.searches) == (1, 0)
     script = (f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
-              "from perfloop.kernel import import_module, read_knobs, Shape\n"
+              "from perfloop.core.kernel import import_module, read_knobs, Shape\n"
               f"m = import_module(__import__('pathlib').Path({str(FOLDER)!r}), 'second')\n"
               f"k = {{**read_knobs(m.KNOBS), 'autotune': True}}\n"
               f"a, b = m.make_inputs(Shape('t', {SHAPE.dims!r}, 'bfloat16'), 1, 'cuda')\n"

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from perfloop.errors import UserError
-from perfloop.kernel import Shape, load_spec
+from perfloop.core.errors import UserError
+from perfloop.core.kernel import Shape, load_spec
 
 CASES = """
 [[shapes]]

@@ -6,7 +6,7 @@ import shutil
 import pytest
 from conftest import ROOT, git
 
-from perfloop import variants
+from perfloop.core import variants
 
 pytest.importorskip("cuda.tile")
 
@@ -86,7 +86,7 @@ def test_pairwise_set_leaves_out_what_the_kernel_restricts_and_covers_the_rest()
 
 
 def test_domains_hold_every_candidate_the_playbook_can_set():
-    from perfloop.playbook import SHIPPED, load
+    from perfloop.core.playbook import SHIPPED, load
 
     doms = variants.domains(load(SHIPPED), {"occupancy": None, "tile": (1, 1024), "x": 1},
                             {"tile": ((1, 64),)})
@@ -95,7 +95,7 @@ def test_domains_hold_every_candidate_the_playbook_can_set():
     # an entry that moves several knobs together gives each of them its values
     import dataclasses
 
-    from perfloop.playbook import MULTI, Optimization
+    from perfloop.core.playbook import MULTI, Optimization
 
     pb = load(SHIPPED)
     both = Optimization("tile_occ", "t", "tile", MULTI,

@@ -4,11 +4,11 @@ from dataclasses import replace
 
 import pytest
 
-from perfloop import decide
-from perfloop.decide import Outcome
-from perfloop.playbook import SHIPPED, load
-from perfloop.stats import Comparison
-from perfloop.vocab import StopReason
+from perfloop.core.playbook import SHIPPED, load
+from perfloop.core.stats import Comparison
+from perfloop.core.vocab import StopReason
+from perfloop.plan import decide
+from perfloop.plan.decide import Outcome
 
 RULES = load(SHIPPED).rules
 
@@ -156,7 +156,7 @@ def test_classification_by_arithmetic_intensity(flops, cls):
 
 
 def test_selection_carries_the_fastest_candidate_that_loses_nowhere():
-    from perfloop.worker import INCUMBENT, _fastest
+    from perfloop.child.timer import INCUMBENT, _fastest
 
     def shape(**medians):  # three rounds of one sample each
         return {"rounds": {label: [[m], [m], [m]] for label, m in medians.items()}}
@@ -178,7 +178,7 @@ def test_the_control_runs_its_own_import_of_the_incumbent(tmp_path):
     the A/A control must be one too, or build-to-build differences count as gains."""
     from types import SimpleNamespace
 
-    from perfloop.worker import CONTROL, INCUMBENT, Worker
+    from perfloop.child.timer import CONTROL, INCUMBENT, Worker
 
     (tmp_path / "kernel.py").write_text(
         "def build(knobs):\n"

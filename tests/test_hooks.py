@@ -1,4 +1,4 @@
-"""The optional hooks of a kernel's contract (perfloop.hooks) as the timing worker applies them,
+"""The optional hooks of a kernel's contract (perfloop.core.hooks) as the timing worker applies them,
 on the CPU: in-place inputs restored before every launch and outside the timed window, scratch
 poisoned, writes to undeclared inputs caught, a tolerance per output."""
 
@@ -9,10 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from perfloop import hooks, measure, verify
-from perfloop.kernel import Shape
-from perfloop.playbook import Measure
-from perfloop.worker import OutputCheck
+from perfloop.child import clock as measure
+from perfloop.child.timer import OutputCheck
+from perfloop.core import hooks
+from perfloop.core import outputs as verify
+from perfloop.core.kernel import Shape
+from perfloop.core.playbook import Measure
 
 torch = pytest.importorskip("torch")
 
@@ -254,7 +256,8 @@ def test_a_tolerance_hook_that_answers_nonsense_is_refused():
 
 
 def test_a_judge_gets_the_tolerance_hook_from_the_runs_pinned_copy(tmp_path, monkeypatch):
-    from perfloop import correctness, judging
+    from perfloop.child import judge_api as correctness
+    from perfloop.child import judge_plugin as judging
 
     folders = {}
     for name, atol in (("work", 0.5), ("pinned", 1e-9)):   # an experiment loosened "work"
@@ -284,14 +287,14 @@ MATMUL_SHAPES = [((4096, 4096, 4096), "bfloat16"), ((128, 8192, 8192), "bfloat16
 @pytest.fixture(scope="module")
 def matmul():
     pytest.importorskip("cuda.tile")
-    from perfloop.kernel import import_module
+    from perfloop.core.kernel import import_module
 
     return import_module(Path(__file__).resolve().parent.parent / "kernels" / "matmul",
                          "matmul_tolerance")
 
 
 def test_matmuls_tolerance_grows_with_k_and_the_judge_reads_the_same(matmul):
-    from perfloop import correctness
+    from perfloop.child import judge_api as correctness
 
     def at(k, dtype="bfloat16"):
         return matmul.tolerance(Shape("s", (64, 64, k), dtype), 0, dtype)
@@ -399,7 +402,7 @@ def test_the_cuda_clock_runs_before_ahead_of_its_flush_pad_and_start_event():
 def test_the_shipped_kernels_declare_no_in_place_input_or_scratch(name):
     """So their timing is what it was: no restore, no extra launch argument."""
     pytest.importorskip("cuda.tile")
-    from perfloop.kernel import import_module, load_spec
+    from perfloop.core.kernel import import_module, load_spec
 
     root = Path(__file__).resolve().parent.parent
     module = import_module(root / "kernels" / name, f"shipped_{name}")

@@ -8,8 +8,9 @@ import textwrap
 import time
 from pathlib import Path
 
-from perfloop import phases
 from support.timing import time_scripted
+
+from perfloop.measure import phases
 
 
 def _variants(scratch, **modes) -> list[dict]:
@@ -84,7 +85,7 @@ def test_a_case_log_written_over_is_reported_not_a_traceback(scratch, tmp_path):
     judge.write_text((scratch.path / "tests" / "judge_scripted.py").read_text() + textwrap.dedent(
         """
         def test_zz_writes_over_the_log():
-            from perfloop import judging
+            from perfloop.child import judge_plugin as judging
             with open(judging.REQUEST["log"], "a") as f:
                 f.write("not json\\n")
         """))
@@ -101,7 +102,7 @@ def test_an_audit_written_over_is_reported_not_a_traceback(scratch, tmp_path):
                          + textwrap.dedent(f"""
             def test_zz_writes_over_the_audit_at_exit():
                 import atexit
-                from perfloop import judging
+                from perfloop.child import judge_plugin as judging
                 path = judging.REQUEST["imports_out"]
                 atexit.register(lambda: open(path, "w").write({garbage!r}))
             """))
@@ -124,8 +125,8 @@ def test_shards_that_collect_cases_in_another_order_are_judged_again_whole(scrat
     judge = scratch.path / "tests" / "judge_set.py"
     judge.write_text(textwrap.dedent('''
         import pytest
-        from perfloop.correctness import log_case, module_for, requested_variants
-        from perfloop.playbook import freeze
+        from perfloop.child.judge_api import log_case, module_for, requested_variants
+        from perfloop.core.playbook import freeze
 
         SIZES = {"n" + str(i): i for i in range(1, 40)}
 

@@ -7,9 +7,10 @@ import json
 import time
 from pathlib import Path
 
-from perfloop import phases
-from perfloop.session import Session
 from support.timing import time_scripted
+
+from perfloop.measure import phases
+from perfloop.store.session import Session
 
 
 def _variants(scratch, **modes) -> list[dict]:

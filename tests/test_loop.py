@@ -6,7 +6,7 @@ import time
 import pytest
 from conftest import git
 
-from perfloop import table
+from perfloop.store import table
 
 ROW = re.compile(r"^\| \d+ {0,8} \| .{40,} \| {0,10}(\d+\.\d{6})? \| (PASS|FAIL) {7} \| "
                  r"(keep|revert|crash) *\|$")

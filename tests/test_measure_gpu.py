@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from perfloop import ceilings, envinfo, measure, stats, streams
-from perfloop.kernel import Shape, import_module, load_spec
-from perfloop.playbook import SHIPPED, load
+from perfloop.child import ceilings, streams
+from perfloop.child import clock as measure
+from perfloop.core import envinfo, stats
+from perfloop.core.kernel import Shape, import_module, load_spec
+from perfloop.core.playbook import SHIPPED, load
 
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parent.parent

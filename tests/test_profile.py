@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, Scratch, pythonpath
 
-from perfloop import ncu, profile_rank
-from perfloop.decide import Suggestion
-from perfloop.playbook import SHIPPED, Optimization
+from perfloop.core.playbook import SHIPPED, Optimization
+from perfloop.measure import ncu
+from perfloop.plan import profile_rank
+from perfloop.plan.decide import Suggestion
 
 FAKE = ROOT / "tests" / "support" / "fake_ncu.py"
 DRAM = "dram__throughput.avg.pct_of_peak_sustained_elapsed"
@@ -160,7 +161,7 @@ def test_a_latency_bound_profile_puts_how_memory_is_issued_first():
 
 
 def test_broken_rules_are_one_clear_line(tmp_path):
-    from perfloop.errors import UserError
+    from perfloop.core.errors import UserError
 
     (tmp_path / "profile_rules.toml").write_text(
         '[metrics]\ndram_pct = ["d"]\n[[rule]]\nname = "x"\nwhen = { dram_pct = "about 60" }\n'
@@ -189,7 +190,7 @@ def test_profile_records_ncus_values_and_next_ranks_by_them(started, fake_ncu):
     assert record["knobs"]["tile"] == [1, 1024] and record["wall_s"] > 0
     [call] = [json.loads(line) for line in fake_ncu[1].read_text().splitlines()]
     # ncu ran the incumbent's launch at the headline shape, and it ran to its end
-    assert call["app"][1:4] == ["-P", "-m", "perfloop.profile_target"]
+    assert call["app"][1:4] == ["-P", "-m", "perfloop.child.profile_target"]
     assert call["app_returncode"] == 0
     assert call["options"]["--target-processes"] == "all"
     assert call["options"]["--profile-from-start"] == "off"

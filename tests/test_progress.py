@@ -10,7 +10,8 @@ import sys
 import pytest
 from conftest import pythonpath
 
-from perfloop import child, progress
+from perfloop.core import progress
+from perfloop.measure import process as child
 
 ANSI = "\x1b["
 COMPILE_AHEAD = '''

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from perfloop import records
-from perfloop.errors import CorruptRecord
-from perfloop.vocab import Correctness, Kind, Outcome, Status
+from perfloop.core.errors import CorruptRecord
+from perfloop.core.vocab import Correctness, Kind, Outcome, Status
+from perfloop.store import records
 
 LEGACY = Path(__file__).resolve().parent / "legacy" / "experiments.jsonl"
 

@@ -11,10 +11,11 @@ import sys
 from html.parser import HTMLParser
 
 import pytest
-from conftest import Scratch, git, pythonpath
+from conftest import Scratch, pythonpath
 
-from perfloop import records, review
-from perfloop.search import show_value
+from perfloop.plan.search import show_value
+from perfloop.report import review
+from perfloop.store import records
 
 # fast math: 20% everywhere; tile 1x2048 wins on the "big" bucket only (a dispatch keeps it
 # there); occupancy 2 falls off a cliff, 8 gains 10%; mode=wrong fails the judge; mode

@@ -6,7 +6,7 @@ import pytest
 from conftest import git
 from test_loop import GAINS, ROW
 
-from perfloop import table
+from perfloop.store import table
 
 PHASES = ["started", "correctness", "timing", "commit", "record", "git", "table"]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, Scratch, git, pythonpath
 
-from perfloop import table
+from perfloop.store import table
 
 
 def _edit_inside(scratch: Scratch) -> dict:

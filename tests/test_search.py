@@ -10,11 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from perfloop import budget, decide, dispatch, knobspace, measure, phases, search, vocab
-from perfloop.errors import UserError
-from perfloop.playbook import SHIPPED, Decision, Measure, Stop, load
-from perfloop.stats import Comparison
-from perfloop.vocab import Status, StopReason
+from perfloop.child import clock as measure
+from perfloop.core import dispatch, knobspace, vocab
+from perfloop.core.errors import UserError
+from perfloop.core.playbook import SHIPPED, Decision, Measure, Stop, load
+from perfloop.core.stats import Comparison
+from perfloop.core.vocab import Status, StopReason
+from perfloop.measure import phases
+from perfloop.plan import budget, decide, search
 
 RULES = Decision(keep_gain=0.05, minor_gain=0.02, regression_tolerance=0.01, family_penalty=10,
                  floor_tolerance=0.1, min_gain=0.005)
@@ -656,8 +659,9 @@ def test_an_experiment_over_what_is_left_of_the_budget_waits_behind_one_that_fit
     scratch.commit_all("a budget of 300 s")
     assert scratch.cli("init", "--kernel", "scripted")[0] == 0
     monkeypatch.chdir(scratch.path)
-    from perfloop import iteration, suggest
-    from perfloop.session import Session
+    from perfloop.plan import suggest
+    from perfloop.run import experiment as iteration
+    from perfloop.store.session import Session
 
     code, out, err = scratch.cli("step", "--kernel", "scripted", "--opt", "fast_math")
     assert code == 0, err
@@ -694,8 +698,9 @@ def test_a_stop_held_off_by_the_searches_lets_no_catalog_step_in_ahead_of_them(
         code, out, err = scratch.cli("step", "--kernel", "scripted", "--opt", opt)
         assert code == 0 and out["experiment"]["status"] == "revert", err
     monkeypatch.chdir(scratch.path)
-    from perfloop import iteration, suggest
-    from perfloop.session import Session
+    from perfloop.plan import suggest
+    from perfloop.run import experiment as iteration
+    from perfloop.store.session import Session
 
     session = Session("scripted")
     # 3 reverts in a row: the streak stops the run once the joint searches are done. 240 s
@@ -1090,8 +1095,8 @@ def test_a_config_that_wins_only_in_another_bucket_is_found_by_its_own_joint_sea
     # the bucket joint's 16 configs 16 x 1.7 s of screening and 50 x 6 / 3 s of the rest: 577 s
     # (at 30 s each: 357 s). The slowest-so-far rule saw 200 + 3 x 50 = 350 s: room enough
     monkeypatch.chdir(scratch.path)
-    from perfloop import suggest
-    from perfloop.session import Session
+    from perfloop.plan import suggest
+    from perfloop.store.session import Session
 
     session = Session("scripted")
     monkeypatch.setattr(suggest.decide, "stop_reason", lambda *a, **k: None)
@@ -1127,12 +1132,13 @@ def test_a_config_that_wins_only_in_another_bucket_is_found_by_its_own_joint_sea
 
 
 def test_warmers_build_and_launch_each_variant_in_their_own_processes(tmp_path):
-    """perfloop.warm, as the iteration starts it for GPU kernels while the judge runs."""
+    """perfloop.child.warm, as the iteration starts it for GPU kernels while the judge runs."""
     import os
     import time
 
     from conftest import ROOT, SCRIPTED, pythonpath
-    from perfloop import phases
+
+    from perfloop.measure import phases
 
     dump = tmp_path / "env"
     dump.mkdir()
@@ -1179,7 +1185,7 @@ def test_the_chosen_candidate_is_re_timed_without_the_cliff_drop(monkeypatch):
     # On an H100 a softmax candidate ran 1.26x the incumbent's time at one shape in the first
     # pass, then showed a 9.7x warm-up there when re-timed; dropped as a cliff, it left the
     # experiment with nothing timed (recorded as a crash). The re-timing pass has no cliff drop.
-    from perfloop import worker
+    from perfloop.child import timer as worker
 
     w = worker.Worker.__new__(worker.Worker)
     w.settings = Measure(rounds=3, round_ms=5, warmup_ms=20, min_reps=3, max_reps=5, cliff_ratio=4)

@@ -10,7 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from perfloop.correctness import check, default_variants, module_for, requested_variants, tolerance
+from perfloop.correctness import (
+    check,
+    default_variants,
+    module_for,
+    requested_variants,
+    tolerance,
+)
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.gpu

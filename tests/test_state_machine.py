@@ -37,8 +37,14 @@ import pytest
 from conftest import Scratch, pythonpath
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition,
-                                 rule, run_state_machine_as_test)
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 EXAMPLES = int(os.environ.get("PERFLOOP_STATE_MACHINE_EXAMPLES", "20"))
 STEPS = int(os.environ.get("PERFLOOP_STATE_MACHINE_STEPS", "10"))

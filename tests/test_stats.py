@@ -1,5 +1,6 @@
 import pytest
-from perfloop import stats
+
+from perfloop.core import stats
 
 
 def test_median_interval_ranks_give_at_least_95_percent():
@@ -28,7 +29,7 @@ def test_noise_of_a_control_is_its_deviation_or_its_halfwidth():
 
 
 def test_floor_uses_the_tensor_peak_so_a_matmul_faster_than_cublas_is_not_broken():
-    from perfloop import ceilings
+    from perfloop.child import ceilings
 
     env = {"sm": "sm_90", "sm_count": 132, "clock_sm_max": "1980"}
     peak = ceilings.peak_tensor_tflops(env)
@@ -43,7 +44,7 @@ def test_floor_uses_the_tensor_peak_so_a_matmul_faster_than_cublas_is_not_broken
 
 
 def test_the_floor_leaves_out_the_writes_the_clock_cannot_see_and_uses_the_faster_bandwidth():
-    from perfloop import ceilings
+    from perfloop.child import ceilings
 
     base = {"copy_gbps": 3000.0, "bandwidth_gbps": 3150.0, "bf16_tflops": 700.0,
             "peak_tensor_tflops": None}
@@ -58,8 +59,8 @@ def test_the_floor_leaves_out_the_writes_the_clock_cannot_see_and_uses_the_faste
 
 
 def test_bench_shows_the_paired_ratio_that_its_interval_belongs_to():
-    from perfloop import phases
     from perfloop.commands import bench
+    from perfloop.measure import phases
 
     # drift: round 2 runs everything 20% slower; the pooled medians then mislead, the paired
     # per-round ratios do not (the second variant is 2% slower in every round)

@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from perfloop import decide
-from perfloop.playbook import SHIPPED, load
-from perfloop.session import LEGACY_STOP_WORDS, State, legacy_stop
-from perfloop.vocab import Stop, StopReason
+from perfloop.core.playbook import SHIPPED, load
+from perfloop.core.vocab import Stop, StopReason
+from perfloop.plan import decide
+from perfloop.store.session import LEGACY_STOP_WORDS, State, legacy_stop
 
 FINAL = [r for r in StopReason if r.final]
 # the words each rule wrote into a schema-2 state file

@@ -1,7 +1,7 @@
 """SwiGLU correctness, owned by the harness: the loop changes kernels/swiglu/, never this file.
 
 Run by hand it judges the committed knobs and the extreme value of every knob family; run by
-the loop (through the perfloop.judging plugin) it judges exactly the candidates the loop asks
+the loop (through the perfloop.child.judge_plugin plugin) it judges exactly the candidates the loop asks
 about. Every output is poisoned with NaN before the launch, so an element the kernel never
 writes fails. Tolerances are the kernel's declared ones (kernel.toml), as the timer uses them.
 """
@@ -10,7 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from perfloop.correctness import check, default_variants, module_for, requested_variants, tolerance
+from perfloop.correctness import (
+    check,
+    default_variants,
+    module_for,
+    requested_variants,
+    tolerance,
+)
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.gpu

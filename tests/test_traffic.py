@@ -1,14 +1,16 @@
-"""A kernel's work per execution unit (perfloop.traffic): the floor and the class it gives, on
+"""A kernel's work per execution unit (perfloop.core.traffic): the floor and the class it gives, on
 the CPU, with an H100's published facts standing in for a measured device."""
 
 import pytest
 from conftest import ROOT
 
-from perfloop import ceilings, decide, traffic
-from perfloop.errors import UserError
-from perfloop.kernel import SHIPPED, Shape, import_module, load_spec
-from perfloop.playbook import SHIPPED as PLAYBOOK
-from perfloop.playbook import Classes, load
+from perfloop.child import ceilings
+from perfloop.core import traffic
+from perfloop.core.errors import UserError
+from perfloop.core.kernel import SHIPPED, Shape, import_module, load_spec
+from perfloop.core.playbook import SHIPPED as PLAYBOOK
+from perfloop.core.playbook import Classes, load
+from perfloop.plan import decide
 
 H100 = {"sm": "sm_90", "sm_count": 132, "clock_sm_max": "1980"}   # nvidia-smi's max SM clock
 H100_CEILINGS = {"copy_gbps": 3000.0, "bf16_tflops": 772.0,         # ~3.0e12 B/s measured copy
@@ -152,7 +154,7 @@ def test_without_device_facts_the_fixed_bounds_of_seed_002_apply():
 
 
 def test_rules_give_the_class_bounds_and_pinned_rules_without_them_get_the_defaults():
-    from perfloop.playbook import rules_from_dict
+    from perfloop.core.playbook import rules_from_dict
 
     book = load(PLAYBOOK)
     assert book.rules.classes == Classes(0.5, 2.0, 10.0, 50.0)
@@ -204,7 +206,8 @@ def test_work_from_a_record_reads_old_and_new_records():
 def test_the_loop_classifies_the_baseline_from_its_record_against_the_timing_device():
     from types import SimpleNamespace
 
-    from perfloop import iteration, phases
+    from perfloop.measure import phases
+    from perfloop.run import experiment as iteration
 
     rounds = [[1.0] * 3] * 3
     timed = {"rounds": {"incumbent": rounds, "incumbent-again": rounds}, "reps": 3,
@@ -229,7 +232,8 @@ def test_the_loop_classifies_the_baseline_from_its_record_against_the_timing_dev
 def test_a_timing_process_given_a_wrong_traffic_stops_with_its_one_line(tmp_path):
     import json
 
-    from perfloop import phases, worker
+    from perfloop.child import timer as worker
+    from perfloop.measure import phases
 
     folder = tmp_path / "mine"
     folder.mkdir()

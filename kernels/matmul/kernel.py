@@ -199,7 +199,7 @@ MAX_REL = {"bfloat16": 5e-3, "float16": 1e-3}
 
 
 def tolerance(shape, index: int, dtype: str) -> dict | None:
-    """C's tolerance at shape.dims = [M, N, K] (perfloop.hooks); None for other dtypes."""
+    """C's tolerance at shape.dims = [M, N, K] (perfloop.core.hooks); None for other dtypes."""
     if dtype not in RTOL:
         return None
     k = shape.dims[2]
@@ -226,8 +226,12 @@ def competitors() -> dict:
 
 def compile_ahead(knobs: dict, shapes, arch: str) -> None:
     """Compile this variant for every dtype of `shapes` with tileiras, no GPU needed."""
-    from cuda.tile.compilation import (ArrayConstraint, CallingConvention, KernelSignature,
-                                       export_kernel)
+    from cuda.tile.compilation import (
+        ArrayConstraint,
+        CallingConvention,
+        KernelSignature,
+        export_kernel,
+    )
 
     signatures = []
     for dtype in sorted({s.dtype for s in shapes}):

@@ -161,7 +161,7 @@ def grid(knobs: dict, m: int, n: int, device) -> tuple[int]:
 
 
 def canonical(knobs: dict) -> dict:
-    """The same knobs with what this kernel ignores set to one value (perfloop.knobspace):
+    """The same knobs with what this kernel ignores set to one value (perfloop.core.knobspace):
     with block_elems set, tile's rows are not used."""
     if knobs["block_elems"]:
         return {**knobs, "tile": (1, knobs["tile"][1])}
@@ -257,8 +257,12 @@ def competitors() -> dict:
 
 def compile_ahead(knobs: dict, shapes, arch: str) -> None:
     """Compile this variant for every (dtype, n) of `shapes` with tileiras, no GPU needed."""
-    from cuda.tile.compilation import (ArrayConstraint, CallingConvention, KernelSignature,
-                                       export_kernel)
+    from cuda.tile.compilation import (
+        ArrayConstraint,
+        CallingConvention,
+        KernelSignature,
+        export_kernel,
+    )
 
     def array(dtype, ndim):
         return ArrayConstraint(getattr(ct, dtype), ndim, index_dtype=ct.int32,

@@ -20,9 +20,11 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent.parent))
 
-from perfloop import autotune, measure, stats  # noqa: E402
-from perfloop.kernel import Shape, import_module, load_spec, read_knobs  # noqa: E402
-from perfloop.playbook import SHIPPED, load  # noqa: E402
+from perfloop import stats  # noqa: E402
+from perfloop.child import clock as measure
+from perfloop.core import autotune
+from perfloop.core.kernel import Shape, import_module, load_spec, read_knobs  # noqa: E402
+from perfloop.core.playbook import SHIPPED, load  # noqa: E402
 
 
 def _first_call(module, knobs, inputs, out) -> tuple[float, object]:

@@ -23,8 +23,8 @@ from triton.testing import do_bench
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent.parent))
 
-from perfloop.kernel import import_module, load_spec  # noqa: E402
-from perfloop.playbook import freeze  # noqa: E402
+from perfloop.core.kernel import import_module, load_spec  # noqa: E402
+from perfloop.core.playbook import freeze  # noqa: E402
 
 
 def _median_us(fn, read_only_clear: bool) -> float:

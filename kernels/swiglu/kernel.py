@@ -230,8 +230,13 @@ def traffic(shape) -> dict:
 
 def compile_ahead(knobs: dict, shapes, arch: str) -> None:
     """Compile this variant for every dtype of `shapes` with tileiras, no GPU needed."""
-    from cuda.tile.compilation import (ArrayConstraint, CallingConvention, KernelSignature,
-                                       export_kernel)
+    from cuda.tile.compilation import (
+        ArrayConstraint,
+        CallingConvention,
+        KernelSignature,
+        export_kernel,
+    )
+
     from perfloop.autotune import space_for
 
     occupancies = [knobs["occupancy"]]

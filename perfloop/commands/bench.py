@@ -1,11 +1,12 @@
 import time
 
-from perfloop import phases, traffic
-from perfloop.atomic import write_json
-from perfloop.errors import UserError
-from perfloop.kernel import import_module
-from perfloop.session import Session, require_gpu
-from perfloop.worker import CONTROL, INCUMBENT
+from perfloop.core import traffic
+from perfloop.core.atomic import write_json
+from perfloop.core.errors import UserError
+from perfloop.core.kernel import import_module
+from perfloop.core.vocab import CONTROL, INCUMBENT
+from perfloop.measure import phases
+from perfloop.store.session import Session, require_gpu
 
 HELP = "the kernel against PyTorch eager and torch.compile on the same inputs, in one process"
 DESCRIPTION = """\

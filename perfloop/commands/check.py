@@ -1,9 +1,11 @@
 import time
 
-from perfloop import dispatch, gitops, knobspace, progress, search, variants, traffic
-from perfloop.errors import UserError
-from perfloop.kernel import find_folder, import_module, load_spec
-from perfloop.playbook import load, resolve_dir, thaw
+from perfloop.core import dispatch, knobspace, progress, traffic, variants
+from perfloop.core.errors import UserError
+from perfloop.core.kernel import find_folder, import_module, load_spec
+from perfloop.core.playbook import load, resolve_dir, thaw
+from perfloop.plan import search
+from perfloop.store import gitops
 
 HELP = "compile every variant the playbook can produce, ahead of time, without a GPU"
 DESCRIPTION = """\

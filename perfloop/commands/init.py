@@ -1,5 +1,6 @@
-from perfloop import loop, views
-from perfloop.session import Session, require_gpu
+from perfloop.report import views
+from perfloop.run import loop
+from perfloop.store.session import Session, require_gpu
 
 HELP = "start a run: create its branch and measure the baseline (iteration 0)"
 DESCRIPTION = """\

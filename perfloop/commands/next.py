@@ -1,9 +1,10 @@
 import json
 
-from perfloop import profiling, views
-from perfloop.playbook import MULTI, thaw
-from perfloop.session import Session
-from perfloop.suggest import suggestions
+from perfloop.core.playbook import MULTI, thaw
+from perfloop.measure import profiling
+from perfloop.plan.suggest import suggestions
+from perfloop.report import views
+from perfloop.store.session import Session
 
 HELP = "the playbook's ranked suggestions for this kernel, skipping what was tried"
 DESCRIPTION = """\

@@ -1,6 +1,7 @@
-from perfloop import profiling, progress
 from perfloop.commands.run import non_negative
-from perfloop.session import Session
+from perfloop.core import progress
+from perfloop.measure import profiling
+from perfloop.store.session import Session
 
 HELP = "Nsight Compute metrics of the incumbent at the headline shape; `next` ranks by them"
 DESCRIPTION = """\

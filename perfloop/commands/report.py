@@ -2,12 +2,13 @@ import json
 import time
 from pathlib import Path
 
-from perfloop import confirm, review, views
-from perfloop.atomic import write_bytes, write_text
-from perfloop.errors import UserError
-from perfloop.search import show_patch, show_value
-from perfloop.session import Session
-from perfloop.vocab import Correctness, Status
+from perfloop.core.atomic import write_bytes, write_text
+from perfloop.core.errors import UserError
+from perfloop.core.vocab import Correctness, Status
+from perfloop.plan.search import show_patch, show_value
+from perfloop.report import review, views
+from perfloop.run import confirm
+from perfloop.store.session import Session
 
 HELP = "a reviewer's summary of the run: the kept changes, the speedup, each shape against its floor"
 DESCRIPTION = """\
@@ -281,7 +282,7 @@ def render(r):
 
 # ---- files ----------------------------------------------------------------------------------
 def _figures(r, recs, bench):
-    from perfloop import plots
+    from perfloop.report import plots
 
     panels = {sh["shape"]: review.latency_points(recs, sh["shape"]) for sh in r["shapes"]}
     floors = {sh["shape"]: sh["floor_ms"] for sh in r["shapes"]}
@@ -291,7 +292,7 @@ def _figures(r, recs, bench):
 
 
 def _draw(r, recs, bench, html_out: Path | None, png_out: Path | None) -> None:
-    from perfloop import htmlpage, plots
+    from perfloop.report import htmlpage, plots
 
     latency_fig, share_fig = _figures(r, recs, bench)
     latency_png = plots.png(latency_fig)

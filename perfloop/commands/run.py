@@ -1,10 +1,13 @@
 import argparse
 import sys
 
-from perfloop import loop, profiling, progress, views
-from perfloop.errors import UserError
-from perfloop.session import Session, require_gpu
-from perfloop.vocab import Status, StopReason
+from perfloop.core import progress
+from perfloop.core.errors import UserError
+from perfloop.core.vocab import Status, StopReason
+from perfloop.measure import profiling
+from perfloop.report import views
+from perfloop.run import loop
+from perfloop.store.session import Session, require_gpu
 
 HELP = "the whole loop, unattended: baseline, then one optimization per iteration until a stop rule"
 DESCRIPTION = """\

@@ -1,5 +1,5 @@
-from perfloop import views
-from perfloop.session import Session
+from perfloop.report import views
+from perfloop.store.session import Session
 
 HELP = "where the run stands: incumbent, experiments so far, whether a stop rule fired"
 DESCRIPTION = """\

@@ -1,12 +1,15 @@
 import json
 
-from perfloop import confirm, decide, iteration, knobspace, loop, search, views
-from perfloop.errors import UserError
-from perfloop.iteration import Proposal
-from perfloop.playbook import freeze, thaw
-from perfloop.session import Session, require_gpu
-from perfloop.suggest import searches, suggestions
-from perfloop.vocab import Kind
+from perfloop.core import knobspace
+from perfloop.core.errors import UserError
+from perfloop.core.playbook import freeze, thaw
+from perfloop.core.vocab import Kind
+from perfloop.plan import decide, search
+from perfloop.plan.suggest import searches, suggestions
+from perfloop.report import views
+from perfloop.run import confirm, experiment, loop
+from perfloop.run.experiment import Proposal
+from perfloop.store.session import Session, require_gpu
 
 HELP = "one iteration: a playbook optimization (--opt), or your own edits (--describe)"
 DESCRIPTION = """\
@@ -113,7 +116,7 @@ def execute(args):
         loop.prepare_step(s, proposal.kind)
         if s.spec.requires_gpu:
             require_gpu()
-        record = iteration.run(s, proposal)
+        record = experiment.run(s, proposal)
     if s.state.stop:
         confirm.ensure(s)
     st = views.status(s)

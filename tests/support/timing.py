@@ -3,9 +3,9 @@ an iteration does (a worker started ahead, or None for one started then)."""
 
 import time
 
-from perfloop import phases
-from perfloop.session import Session
-from perfloop.worker import CONTROL, INCUMBENT
+from perfloop.core.vocab import CONTROL, INCUMBENT
+from perfloop.measure import phases
+from perfloop.store.session import Session
 
 
 def time_scripted(scratch, tmp_path, ahead):

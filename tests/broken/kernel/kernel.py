@@ -3,7 +3,12 @@
 import io
 
 import cuda.tile as ct
-from cuda.tile.compilation import ArrayConstraint, CallingConvention, KernelSignature, export_kernel
+from cuda.tile.compilation import (
+    ArrayConstraint,
+    CallingConvention,
+    KernelSignature,
+    export_kernel,
+)
 
 
 def copy(x, y, T: ct.Constant[int]):

@@ -86,10 +86,10 @@ def _build_one(knobs: dict):
     delay = float(os.environ.get("SCRIPTED_DELAY_S", "0"))
     counter = itertools.count()
     seen: set = set()
-    if mode == "tamper-judge" and "perfloop.verify" in sys.modules:
-        sys.modules["perfloop.verify"].compare = lambda *args, **kw: {"passed": True}
-    if mode == "tamper" and "perfloop.measure" in sys.modules:
-        m = sys.modules["perfloop.measure"]
+    if mode == "tamper-judge" and "perfloop.core.outputs" in sys.modules:
+        sys.modules["perfloop.core.outputs"].compare = lambda *args, **kw: {"passed": True}
+    if mode == "tamper" and "perfloop.child.clock" in sys.modules:
+        m = sys.modules["perfloop.child.clock"]
         real = m._batch
         m._batch = lambda *args, **kw: [t / 2 for t in real(*args, **kw)]
     if mode == "env" and os.environ.get("SCRIPTED_ENV_DUMP"):

@@ -1,0 +1,283 @@
+"""The timing harness: warm-up and repetitions set by time, variants timed in alternating
+rounds in one process, raw samples kept, and one randomly chosen repetition of every batch
+checked against the reference on fresh inputs.
+
+The clock is pluggable: CUDA events on a GPU (CudaClock), or a kernel's own Clock (scripted
+test kernels). A clock has `time_batch(fn, reps, before) -> [ms]` and `describe() -> dict`;
+`before(i)` runs ahead of repetition i, outside the timed window.
+"""
+
+from __future__ import annotations
+
+import gc
+import random
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Protocol
+
+from perfloop.core.playbook import Measure
+
+
+class Clock(Protocol):
+    def time_batch(self, fn: Callable[[], object], reps: int,
+                   before: Callable[[int], None] | None = None) -> list[float]: ...
+    def describe(self) -> dict: ...
+
+
+class CudaClock:
+    """Device time of one call, with neither host time nor someone else's memory traffic in it.
+
+    Before each repetition, outside the timed window:
+      - a read of a buffer twice the L2 size evicts the inputs from L2. It only reads, so it
+        leaves no dirty lines whose write-back would land in the next timed kernel (a zero_
+        flush does: measured on an H100, +10 us on a 117 MB read-only reduction);
+      - a sleep kernel keeps the GPU busy while the host issues the call, so the GPU never
+        idles inside the window waiting for the host. Its length (`pad_us`) is set from the
+        host time of the variants being timed, and repetitions whose host time outgrew it are
+        counted (`host_bound`), so the caller can lengthen the pad and time them again.
+    Events are bound to torch's C classes when the clock is made, before any kernel code is
+    imported, so replacing torch.cuda.Event afterwards does not change what is measured.
+    """
+
+    def __init__(self, device="cuda"):
+        import torch
+
+        self.torch = torch
+        self.device = torch.device(device)
+        props = torch.cuda.get_device_properties(self.device)
+        self.flush_bytes = max(2 * props.L2_cache_size, 64 << 20)
+        self._flush_buf = torch.ones(self.flush_bytes // 8, dtype=torch.int64, device=self.device)
+        self._sink = torch.empty((), dtype=torch.int64, device=self.device)
+        self._sum, self._sleep, self._sync = torch.sum, torch.cuda._sleep, torch.cuda.synchronize
+        self._event = torch.cuda.Event
+        self._elapsed = torch._C._CudaEventBase.elapsed_time
+        record, self.stream = torch._C._CudaEventBase.record, torch.cuda.current_stream(self.device)
+        self._record = lambda event: record(event, self.stream)
+        self.cycles_per_us = self._calibrate()
+        self.pad_us = 20.0
+        self.host_bound: list[int] = []  # repetitions of the last batch whose host time outgrew the pad
+
+    def flush(self) -> None:
+        self._sum(self._flush_buf, dim=0, out=self._sink)
+
+    def _calibrate(self) -> float:
+        """Sleep-kernel cycles per microsecond, measured (clocks vary by GPU and by load)."""
+        cycles = 1_000_000
+        self._sleep(cycles)
+        start, end = self._event(enable_timing=True), self._event(enable_timing=True)
+        times = []
+        for _ in range(3):
+            self._record(start)
+            self._sleep(cycles)
+            self._record(end)
+            self._sync()
+            times.append(self._elapsed(start, end))
+        return cycles / (statistics.median(times) * 1000.0)
+
+    def time_batch(self, fn, reps, before=None):
+        events = [(self._event(enable_timing=True), self._event(enable_timing=True))
+                  for _ in range(reps)]
+        cycles = int(self.pad_us * self.cycles_per_us)
+        limit = self.pad_us * 1e-6
+        bound = []
+        gc_was_on = gc.isenabled()
+        gc.disable()
+        try:
+            for i, (start, end) in enumerate(events):
+                if before is not None:
+                    before(i)
+                self.flush()
+                self._sleep(cycles)
+                self._record(start)
+                t0 = time.perf_counter()
+                fn()
+                if time.perf_counter() - t0 > limit:
+                    bound.append(i)
+                self._record(end)
+            self._sync()
+        finally:
+            if gc_was_on:
+                gc.enable()
+        self.host_bound = bound
+        return [self._elapsed(start, end) for start, end in events]
+
+    def describe(self):
+        return {"clock": "cuda-events", "l2_flush": "read-only sum", "l2_flush_bytes":
+                self.flush_bytes, "pad": "sleep kernel ahead of each call, longer than its "
+                "host time", "sleep_cycles_per_us": round(self.cycles_per_us, 1)}
+
+
+def host_us(fn: Callable[[], object], calls: int,
+            reset: Callable[[], None] | None = None) -> list[float]:
+    """Host time of each call, in microseconds (what launching costs the CPU); `reset` runs
+    ahead of each call, untimed."""
+    out = []
+    for _ in range(calls):
+        if reset is not None:
+            reset()
+        t0 = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t0) * 1e6)
+    return out
+
+
+def pad_for(host_samples: list[float]) -> float:
+    """A sleep long enough that the host usually finishes issuing the call before the GPU gets
+    to it; the repetitions where it does not are found afterwards (CudaClock.host_bound)."""
+    return max(20.0, 2.0 * statistics.median(host_samples) + 20.0)
+
+
+def warm_up(clock: Clock, fn, warmup_ms: float, give_up_ms: float | None = None,
+            reset: Callable[[], None] | None = None) -> float:
+    """Run until warmup_ms of kernel time has passed; return the typical time of one run.
+    Past give_up_ms per run (two runs agreeing), it returns at once: a cliff is plain to see.
+    `reset` runs ahead of each run, outside the timed window."""
+    before = None if reset is None else (lambda i: reset())
+    clock.time_batch(fn, 1, before)  # first launch: compilation, module load
+    spent, recent, clean = 0.0, [], []
+    while spent < warmup_ms or len(recent) < 3:
+        sample = clock.time_batch(fn, 1, before)[0]
+        spent += max(sample, 1e-3)
+        recent = (recent + [sample])[-5:]
+        if not getattr(clock, "host_bound", None):  # (a host-bound sample holds idle time)
+            clean = (clean + [sample])[-2:]
+        if give_up_ms is not None and len(clean) == 2 and min(clean) > give_up_ms:
+            return min(clean)
+    return statistics.median(recent)
+
+
+@dataclass
+class Checked:
+    """What the verified repetitions of one variant showed."""
+
+    passed: bool = True
+    failures: list = field(default_factory=list)     # [{round, detail}] of the rounds that failed
+    verified_ms: list = field(default_factory=list)  # the verified repetitions' times
+    other_ms: list = field(default_factory=list)     # all other repetitions' times
+    dropped: int = 0                                 # repetitions dropped: host outran the pad
+
+
+class Verifier(Protocol):
+    """Poison before every repetition; fresh inputs and their reference for the verified one;
+    a copy of its output; the check of that copy. Optionally `reset`, run before every call
+    (warm-up and host timing too): in-place inputs restored, scratch poisoned."""
+
+    def before_each(self) -> None: ...
+    def fresh(self, round_index: int, label: str) -> None: ...
+    def snapshot(self) -> None: ...
+    def check(self) -> dict: ...
+
+
+@dataclass(frozen=True)
+class Rounds:
+    reps: int
+    rounds: dict                                   # label -> [[samples of one round]]
+    host_us: dict                                  # label -> [host time per call]
+    pad_us: float
+    checked: dict = field(default_factory=dict)    # label -> Checked
+    cliffs: dict = field(default_factory=dict)     # label -> warm-up time / the first label's
+
+    def to_json(self) -> dict:
+        return {"reps": self.reps, "rounds": self.rounds, "host_us": self.host_us,
+                "pad_us": self.pad_us, "checked": {k: asdict(v) for k, v in self.checked.items()},
+                "cliffs": self.cliffs}
+
+
+def alternating(clock: Clock, launchers: dict[str, Callable], settings: Measure,
+                verifier: Verifier | None = None, rng: random.Random | None = None,
+                unverified: set = frozenset(),
+                on_batch: Callable[[str], None] = lambda label: None) -> Rounds:
+    """Time every variant in each round, in an order that reverses every round, so slow drift
+    of clocks or temperature falls on all variants alike. In each batch one repetition, at a
+    random place, runs on fresh inputs and its output is checked (with a verifier; except for
+    `unverified` labels, whose output is only poisoned). With settings.cliff_ratio, a checked
+    variant whose warm-up runs that many times slower than the first label's (the incumbent)
+    is not timed further: it is listed in `cliffs`."""
+    rng = rng or random.Random()
+    labels = list(launchers)
+    host = {}
+    # in-place inputs restored (scratch poisoned) before every call, timed or not, so that no
+    # call runs on what earlier calls left behind; None for kernels without such hooks
+    reset = getattr(verifier, "reset", None)
+    for label in labels:
+        on_batch(label)
+        if reset is not None:
+            reset()
+        launchers[label]()  # first call: compile, load, and any autotuning, outside the host timing
+        host[label] = host_us(launchers[label], 10, reset)
+    padded = hasattr(clock, "pad_us")
+    if padded:  # warm-up estimates must hold no host time, or a host-heavy launch looks a cliff
+        clock.pad_us = max(pad_for(hs) for hs in host.values())
+    estimates, cliffs = {}, {}
+    cliff = getattr(settings, "cliff_ratio", None)
+    for label in list(labels):
+        on_batch(label)
+        give_up = (cliff * estimates[labels[0]] if cliff and estimates and label not in unverified
+                   else None)
+        estimates[label] = warm_up(clock, launchers[label], settings.warmup_ms, give_up, reset)
+        if give_up is not None and estimates[label] > give_up:
+            # a slow start is not a cliff: on an H100 warm-ups of 5x and 9.7x came from kernels
+            # that then ran at 1.0x and 1.26x. A cliff (spills: ~15x) stays slow when retried.
+            estimates[label] = warm_up(clock, launchers[label], settings.warmup_ms, give_up,
+                                       reset)
+        if give_up is not None and estimates[label] > give_up:
+            cliffs[label] = estimates.pop(label) / estimates[labels[0]]
+    labels = [label for label in labels if label not in cliffs]
+    if padded:
+        clock.pad_us = pad_for([h for label in labels for h in host[label]])
+    typical = max(statistics.median(estimates.values()), 1e-4)
+    reps = int(min(max(settings.round_ms / typical, settings.min_reps), settings.max_reps))
+    rounds = {label: [] for label in labels}
+    checked = {label: Checked() for label in labels}
+    for r in range(settings.rounds):
+        for label in labels if r % 2 == 0 else reversed(labels):
+            on_batch(label)
+            samples = _batch(clock, launchers[label], reps, verifier, r, label, rng,
+                             checked[label], check=label not in unverified)
+            rounds[label].append(samples)
+    return Rounds(reps, rounds, host, getattr(clock, "pad_us", 0.0), checked, cliffs)
+
+
+def _batch(clock, fn, reps, verifier, round_index, label, rng, checked: Checked,
+           check: bool = True) -> list[float]:
+    """One variant's repetitions of one round. With a verifier, one of them (at a random place,
+    so a kernel cannot count its way to it) runs on fresh inputs and its output is checked.
+    Repetitions whose host time outgrew the pad may hold GPU idle time: they are dropped, and
+    if that is most of the batch, it is timed again with a pad twice as long."""
+    k = rng.randrange(reps)
+    check = check and verifier is not None
+
+    def before(i):
+        if check and i == k + 1:
+            verifier.snapshot()  # the checked repetition's output, before it is poisoned again
+        verifier.before_each()   # every variant's output is poisoned alike
+        if check and i == k:
+            verifier.fresh(round_index, label)
+
+    for _attempt in range(4):
+        samples = clock.time_batch(fn, reps, before if verifier else None)
+        if check and k == reps - 1:
+            verifier.snapshot()
+        bound = set(getattr(clock, "host_bound", ()))
+        if len(bound) <= reps // 2:
+            break
+        clock.pad_us *= 2
+    if check:
+        result = verifier.check()
+        if not result["passed"]:
+            checked.passed = False
+            checked.failures.append({"round": round_index, **result})
+        if k not in bound:
+            checked.verified_ms.append(samples[k])
+        checked.other_ms.extend(s for i, s in enumerate(samples) if i != k and i not in bound)
+    kept = [s for i, s in enumerate(samples) if i not in bound]
+    if not kept:  # every repetition outran even the longest pad: an overestimate beats nothing
+        return samples
+    checked.dropped += len(bound)
+    return kept
+
+
+def method(clock: Clock, settings: Measure, reps: int) -> dict:
+    return {**clock.describe(), **asdict(settings), "reps_per_round": reps,
+            "order": "alternating, reversed every round"}

@@ -1,0 +1,634 @@
+"""The two measured phases of an experiment, each in child processes under a deadline: the
+judge (the kernel's pytest file) and the timing worker.
+
+Both children get the same environment: nothing tells kernel code whether it is being judged
+or timed (the request travels in a file named on the command line). Each child writes only
+files whose names carry a fresh nonce, so a child left over from a killed run can never be
+mistaken for the current one. When a child dies or hangs, the candidate it was running is
+recorded as crashed and the others are judged or timed without it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import secrets
+import statistics
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from perfloop.core import progress, stats
+from perfloop.core.atomic import digest, json_bytes, write_bytes, write_json
+from perfloop.core.playbook import Rules, thaw
+from perfloop.core.vocab import CONTROL, INCUMBENT, Outcome
+from perfloop.measure import process
+
+PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])  # the folder holding perfloop/
+
+
+def child_env(playbook_dir: Path) -> dict:
+    """The one environment of both children."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_PARENT, env.get("PYTHONPATH")) if p)
+    env["PERFLOOP_PLAYBOOK"] = str(playbook_dir)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.pop("PERFLOOP_CRASH_AT", None)  # fault injection is for the parent only
+    for name in ("PYTEST_VERSION", "PYTEST_CURRENT_TEST"):  # the judge hides pytest's own too
+        env.pop(name, None)
+    return env
+
+
+def _variants_json(variants: list[dict]) -> list[dict]:
+    return [{**v, "folder": str(v["folder"]),
+             "knobs": {k: thaw(x) for k, x in v["knobs"].items()}} for v in variants]
+
+
+def nonce() -> str:
+    return secrets.token_hex(4)
+
+
+@dataclass
+class JudgeResult:
+    crashed: dict = field(default_factory=dict)  # label -> why its judge died
+    passed: dict = field(default_factory=dict)   # label -> bool, for labels judged to the end
+    cases: dict = field(default_factory=dict)    # label -> [case records]
+    imports: set = field(default_factory=set)    # every file a judge process imported
+    tampered: set = field(default_factory=set)   # perfloop functions kernel code replaced
+    doubted: dict = field(default_factory=dict)  # label -> why its passing cases do not count
+    wall_s: float = 0.0
+    detail: str = ""
+    processes: int = 1                           # judge processes run side by side
+
+
+def _judge_cmd(judge_file: Path, cwd: Path, request: Path) -> list[str]:
+    """(A judge whose request file does not exist yet was started ahead: it waits for it.)"""
+    return process.python(cwd, "pytest", str(judge_file), "-q", "-p", "no:cacheprovider", "-p",
+                        "perfloop.child.judge_plugin", f"--perfloop-request={request}", "-o", "addopts=",
+                        "--rootdir", str(cwd))
+
+
+@dataclass
+class JudgePool:
+    """Judge processes started ahead of the experiment that will use them: each has started
+    pytest, loaded its plugins and imported perfloop.child.lifeline.PRELOAD, and waits for its request file (named on
+    its command line, so nothing in its environment differs from a judge started on demand).
+    `phases.judge` takes them in place of new processes; `discard` kills what is left."""
+
+    key: tuple                                       # (judge file, cwd, environment)
+    ready: list = field(default_factory=list)        # [(request path, process.Running)]
+
+    def take(self, key: tuple):
+        """A waiting process for a judge with this key, or None; one that has died is dropped."""
+        while self.ready and key == self.key:
+            request, running = self.ready.pop(0)
+            if running.proc.poll() is None:
+                return request, running
+            running.kill()
+        return None
+
+    def discard(self) -> None:
+        while self.ready:
+            self.ready.pop()[1].kill()
+
+
+def _pool_key(judge_file: Path, cwd: Path, env: dict) -> tuple:
+    return str(judge_file), str(cwd), tuple(sorted(env.items()))
+
+
+def start_judges(judge_file: Path, *, cwd: Path, work: Path, env: dict,
+                 processes: int) -> JudgePool:
+    """Start `processes` judge processes for the next experiment (see JudgePool)."""
+    pool = JudgePool(_pool_key(judge_file, cwd, env))
+    for _ in range(processes):
+        tag = nonce()
+        request = work / f"judge-{tag}.json"
+        pool.ready.append((request, process.start(
+            _judge_cmd(judge_file, cwd, request), log=work / f"judge-{tag}.log",
+            env=env, cwd=cwd)))
+    return pool
+
+
+def _judge_once(judge_file: Path, variants: list[dict], *, cwd: Path, work: Path,
+                deadline: float, stall_s: float, env: dict,
+                cancel: threading.Event | None = None, shown=None,
+                contract: dict | None = None, shard: tuple | None = None,
+                ready: tuple | None = None) -> tuple:
+    """Judge the variants in one pytest process: `ready` (request path, running child) from a
+    JudgePool, or a new one."""
+    if ready:
+        request, running = ready
+        if any(p.exists() for p in _judge_files(request)):
+            running.kill()  # someone wrote its request or outputs first: not this process
+            ready = None
+    if not ready:
+        request, running = work / f"judge-{nonce()}.json", None
+    _, log, imports = _judge_files(request)
+    body = json_bytes({"variants": _variants_json(variants), "log": str(log),
+                       "imports_out": str(imports), **({"shard": list(shard)} if shard else {}),
+                       **({"contract": contract} if contract else {})})
+    if running is None:
+        write_bytes(request, body)
+        running = process.start(_judge_cmd(judge_file, cwd, request), log=request.with_suffix(".log"),
+                              env=env, cwd=cwd, progress=[log])
+    else:
+        running.adopt(progress=[log])
+        write_bytes(request, body)  # (atomic: the waiting process reads all of it or nothing)
+    res = running.wait(deadline=deadline, stall_s=stall_s, cancel=cancel,
+                       on_progress=shown.watch(log) if shown else None)
+    cases: dict[str, list] = {v["label"]: [] for v in variants}
+    garbled = 0
+    if log.exists():
+        for line in log.read_text().splitlines():
+            try:
+                entry = json.loads(line)
+                label, _ = entry["label"], entry["passed"]
+                cases.setdefault(label, []).append(entry)
+            except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
+                garbled += 1
+    try:
+        audit = json.loads(imports.read_text()) if imports.exists() else {}
+    except json.JSONDecodeError:
+        audit, garbled = {}, garbled + 1
+    if not isinstance(audit, dict):
+        audit, garbled = {}, garbled + 1
+    if audit:
+        audit["foreign_request"] = audit.get("request") != digest(body)
+    if garbled:
+        audit["garbled"] = garbled
+    return res, cases, audit
+
+
+def _judge_files(request: Path) -> list[Path]:
+    """A judge's request, its case log and its audit: none exists before perfloop writes the
+    request (their names carry a fresh nonce)."""
+    tag = request.name[len("judge-"):-len(".json")]
+    return [request, request.with_name(f"judge-{tag}-cases.jsonl"),
+            request.with_name(f"judge-{tag}-imports.json")]
+
+
+def _incomplete(res: process.ChildResult, audit: dict) -> str:
+    """Why a judge process's verdict cannot stand, or "" if it can: it died or hung, pytest
+    itself failed, or it ended before every case it was given had run (the audit the plugin
+    writes at the end of the session says how many did)."""
+    if res.died or res.returncode not in (0, 1):
+        return res.describe()
+    if audit.get("garbled"):
+        return (f"{res.describe()}, but {audit['garbled']} line(s) of its case log or audit are "
+                "not perfloop's records (written over by code that ran in it?)")
+    if audit.get("selected") is None:
+        return (f"{res.describe()} without finishing its session (an exit from inside a test?), "
+                "so not every case it was given ran")
+    if audit.get("finished") != audit["selected"]:
+        return f"ended after {audit.get('finished')} of {audit['selected']} cases"
+    if audit.get("foreign_request"):
+        return ("judged a request perfloop did not write (its request file was replaced while "
+                "the process waited for it)")
+    return ""
+
+
+def _doubt(res: process.ChildResult, found: dict, audit: dict) -> str:
+    """Why the passing cases of a judge process that ran to its end do not count, or ""."""
+    if audit.get("skipped_running"):
+        return (f"{audit['skipped_running']} test(s) skipped themselves while running (kernel "
+                "code can call pytest.skip, in a test or a fixture; the judge skips only by "
+                "marks)")
+    if res.returncode == 1 and all(e["passed"] for c in found.values() for e in c):
+        return "a test failed outside perfloop.child.judge_api.check"
+    return ""
+
+
+def split(variants: list[dict], processes: int,
+          share_cases: bool = True) -> list[tuple[list[dict], tuple | None]]:
+    """How the judge's processes share the work: (variants, shard) per process. With at least
+    as many variants as processes, each process judges whole variants (a variant's cases share
+    its compiles). With fewer, each variant's cases are cut into contiguous shards, one per
+    process (cases next to each other differ least, e.g. by seed, and share compiles): a
+    kernel whose judge compiles a variant per dtype and width then compiles side by side.
+    Without `share_cases` (a kernel with nothing to compile, whose judge is mostly process
+    start-up) fewer variants take fewer processes instead."""
+    width = max(1, min(processes, len(variants)))
+    if len(variants) >= processes or not share_cases:
+        return [(variants[i::width], None) for i in range(width)]
+    out = []
+    for i, v in enumerate(variants):
+        shards = processes // len(variants) + (i < processes % len(variants))
+        out += [([v], (k, shards) if shards > 1 else None) for k in range(shards)]
+    return out
+
+
+def judge(judge_file: Path, variants: list[dict], *, cwd: Path, work: Path, deadline: float,
+          stall_s: float, env: dict, processes: int = 1, share_cases: bool = False,
+          contract: dict | None = None, pool: JudgePool | None = None) -> JudgeResult:
+    """Judge the variants in up to `processes` pytest processes run side by side (see split);
+    if a process dies or hangs, each variant it judged is judged again whole in a process of
+    its own, so one crashing candidate does not void the others. `contract` ({folder, copy}):
+    the run's pinned copy of the kernel folder, whose tolerance hook the judge's
+    perfloop.child.judge_api.tolerance uses. `pool`: processes started ahead for this judge
+    (start_judges), used before new ones; whatever is left of it is killed."""
+    out = JudgeResult()
+    t0 = time.monotonic()
+    key = _pool_key(judge_file, cwd, env)
+    pending = [(group, shard, pool.take(key) if pool else None)
+               for group, shard in split(variants, processes, share_cases)]
+    if pool:
+        pool.discard()
+    cancel = threading.Event()  # Ctrl-C: every judge process is killed, none awaited
+    threads = ThreadPoolExecutor(max(1, len(pending)), thread_name_prefix="perfloop-judge")
+    shown = _JudgeShown(len(variants), len(pending)) if progress.enabled() else None
+    out.processes = len(pending)
+    try:
+        while pending:
+            runs = list(threads.map(lambda job: (job, _judge_once(
+                judge_file, job[0], cwd=cwd, work=work, deadline=deadline, stall_s=stall_s,
+                env=env, cancel=cancel, shown=shown, contract=contract, shard=job[1],
+                ready=job[2])), pending))
+            pending = []
+            cases: dict[str, list] = {}
+            untrusted, redo = {}, {}
+            # the shards of one variant cut one collection: processes that collected other
+            # cases, or in another order (parameters from a set), would skip or repeat some
+            cut = {}
+            for (group, shard, _), (_, _, audit) in runs:
+                if shard:
+                    cut.setdefault(group[0]["label"], set()).add(audit.get("collected"))
+            for (group, shard, _), (res, found, audit) in runs:
+                out.imports |= set(audit.get("imports", ()))
+                out.tampered |= set(audit.get("tampered", ()))
+                why = _incomplete(res, audit)
+                if not why and shard and len(cut[group[0]["label"]]) > 1:
+                    why = ("its shards collected different cases, or the same in another order "
+                           "(parameters from a set?): some would be judged twice, others never")
+                if why:
+                    if (len(group) > 1 or shard) and time.monotonic() < deadline:
+                        redo.update((v["label"], v) for v in group)
+                        continue
+                    for v in group:
+                        out.crashed[v["label"]] = f"judge {why} (log: {res.log})"
+                    continue
+                for label, entries in found.items():
+                    cases.setdefault(label, []).extend(entries)
+                doubt = _doubt(res, found, audit)
+                if doubt:
+                    untrusted.update((v["label"], doubt) for v in group)
+                out.detail = f"judge {res.describe()}"
+            for label in cases.keys() - redo.keys() - out.crashed.keys():
+                c = cases[label]
+                out.passed[label] = bool(c) and all(e["passed"] for e in c) \
+                    and label not in untrusted
+                out.cases[label] = c
+                if label in untrusted:
+                    out.doubted[label] = untrusted[label]
+            # judged again whole (never redone twice: those jobs are one variant, no shard)
+            pending = [([v], None, None) for label, v in redo.items() if label not in out.crashed]
+    except BaseException:
+        cancel.set()
+        raise
+    finally:
+        threads.shutdown(wait=True)
+        if shown:
+            shown.bar.close()
+    out.wall_s = round(time.monotonic() - t0, 3)
+    return out
+
+
+class _JudgeShown:
+    """The judge's progress line: the cases its processes have checked, from their case logs."""
+
+    def __init__(self, candidates: int, processes: int):
+        self.what = f"{candidates} candidate{'s' * (candidates != 1)} in {processes} " \
+                    f"process{'es' * (processes != 1)}"
+        self.bar = progress.task("judge", self.what)
+        self.passed = self.failed = 0
+        self.lock = threading.Lock()
+
+    def watch(self, log: Path):
+        tail = progress.Tail(log)
+
+        def seen():
+            with self.lock:
+                for line in tail.lines():
+                    try:
+                        ok = json.loads(line).get("passed")
+                    except json.JSONDecodeError:
+                        continue
+                    self.passed += bool(ok)
+                    self.failed += not ok
+                self.bar.update(f"{self.what}: {self.passed + self.failed} cases checked"
+                                + (f", {self.failed} failed" if self.failed else ""))
+
+        return seen
+
+
+class _TimingShown:
+    """The timer's progress line: which variant it times at which shape, from the worker's
+    progress file (the one the hang watchdog reads)."""
+
+    def __init__(self, shapes: list[str], rounds: int):
+        self.shapes, self.rounds = shapes, rounds
+        self.bar = progress.task("timing", f"{len(shapes)} shapes", total=len(shapes))
+        self.pass_, self.shape, self.events = 1, None, 0
+
+    def watch(self, path: Path, labels: int):
+        tail = progress.Tail(path)
+
+        def seen():
+            for line in tail.lines():
+                try:
+                    event = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                name = event.get("shape")
+                if name is None or name not in self.shapes:
+                    self.bar.update(f"{event.get('label')}: {event.get('stage')}")
+                    continue
+                if name != self.shape:
+                    if self.shape is not None and self.shapes.index(name) < self.shapes.index(self.shape):
+                        self.pass_ += 1  # the fastest candidate, timed again in fresh rounds
+                    self.shape, self.events = name, 0
+                self.events += event.get("stage") == "time"
+                # each variant's batches: its first call, its warm-up, then one per round
+                done = max(0, self.events - 2 * labels) // max(labels, 1)
+                index = self.shapes.index(name)
+                self.bar.update(f"pass {self.pass_}, {name} ({index + 1}/{len(self.shapes)}), "
+                                f"round {min(done, self.rounds)}/{self.rounds}, "
+                                f"{event.get('label')}",
+                                completed=index + min(done, self.rounds) / self.rounds)
+
+        return seen
+
+
+@dataclass
+class Timing:
+    crashed: str = ""                               # why the whole timing failed, if it did
+    raw: dict = field(default_factory=dict)
+    excluded: dict = field(default_factory=dict)    # label -> {reason, kind} of a dropped one
+    imports: set = field(default_factory=set)
+    wall_s: float = 0.0
+
+
+def _last_progress(path: Path) -> dict | None:
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return None
+    for line in reversed(lines):
+        try:
+            return json.loads(line)
+        except json.JSONDecodeError:
+            continue
+    return None
+
+
+@dataclass
+class Pending:
+    """A timing worker started ahead of the judge: it imports, sets up the GPU and the profiler
+    and builds the variants while the judge runs, then waits for the labels that passed."""
+
+    common: dict
+    variants: list
+    work: Path
+    cwd: Path
+    env: dict
+    stall_s: float
+    started: float
+    attempt: tuple | None = None  # (tag, running child) of the worker waiting for its go
+    specs: dict = field(default_factory=dict)  # tag -> digest of the spec perfloop wrote
+
+
+def start_timer_ahead(*, cwd: Path, work: Path, env: dict) -> tuple:
+    """A timing worker for the next experiment, started now: it imports perfloop.child.lifeline.PRELOAD and
+    waits for its spec (see start_timing's `ahead`). Returns (spec path, running child)."""
+    spec_path = work / f"timing-{nonce()}-spec.json"
+    return spec_path, process.start(process.python(cwd, "perfloop.child.timer", str(spec_path)),
+                                  log=spec_path.with_name(spec_path.name[:-len("-spec.json")]
+                                                          + ".log"), env=env, cwd=cwd)
+
+
+def _launch(pending: Pending, variants: list[dict], go: dict | None,
+            ahead: tuple | None = None) -> tuple:
+    """Start a worker for these variants, or hand them to `ahead` (start_timer_ahead's), if it
+    still waits."""
+    work = pending.work  # (the worker's files: only an ahead worker's spec lies elsewhere)
+
+    def files(tag: str) -> dict:
+        return {"out": str(work / f"timing-{tag}.json"),
+                "progress": str(work / f"timing-{tag}-progress.jsonl"),
+                "imports_out": str(work / f"timing-{tag}-imports.json"),
+                "go": str(work / f"timing-{tag}-go.json")}
+
+    tag = ahead[0].name[len("timing-"):-len("-spec.json")] if ahead else None
+    # dead, or someone wrote its spec or outputs first (their names carry a fresh nonce)
+    if ahead and (ahead[1].proc.poll() is not None or any(
+            Path(p).exists() for p in [ahead[0], *files(tag).values()])):
+        ahead[1].kill()
+        ahead = tag = None
+    tag = tag or nonce()
+    paths = files(tag)
+    spec = json_bytes({**pending.common, "variants": _variants_json(variants), **paths})
+    pending.specs[tag] = digest(spec)
+    spec_path = ahead[0] if ahead else work / f"timing-{tag}-spec.json"
+    if go is not None:
+        write_json(Path(paths["go"]), go)
+    if ahead:
+        ahead[1].adopt(progress=[Path(paths["progress"])])
+        write_bytes(spec_path, spec)  # (atomic: the waiting worker reads all of it or nothing)
+        return tag, ahead[1]
+    write_bytes(spec_path, spec)
+    running = process.start(process.python(pending.cwd, "perfloop.child.timer", str(spec_path)),
+                          log=work / f"timing-{tag}.log", env=pending.env, cwd=pending.cwd,
+                          progress=[Path(paths["progress"])])
+    return tag, running
+
+
+def start_timing(variants: list[dict], shapes: list[dict], rules: Rules, *, contract: Path,
+                 tolerance: dict, headline: str, ceilings_cache: Path, work: Path, cwd: Path,
+                 env: dict, checked: list[str] | None = None,
+                 only_buckets: list[str] | None = None, always: list[str] = (),
+                 ahead: tuple | None = None) -> Pending:
+    """Start the worker for these variants (the incumbent and its control first). `checked`
+    names the variants whose outputs and streams are checked (default: all but the incumbent
+    and its control). `only_buckets`: time only the shapes in these buckets (by the kernel's
+    bucket()) and those named in `always`: a change of the dispatch table leaves every other
+    bucket's code as it was. `ahead`: a worker started ahead (start_timer_ahead) takes them."""
+    common = {"shapes": shapes, "measure": vars(rules.measure),
+              **({"only_buckets": list(only_buckets), "always": list(always)}
+                 if only_buckets is not None else {}),
+              "max_fresh_ratio": rules.verify.max_fresh_ratio, "contract_folder": str(contract),
+              "regression_tolerance": rules.decision.regression_tolerance,
+              "tolerance": tolerance, "headline": headline, "ceilings_cache": str(ceilings_cache),
+              **({"checked": checked} if checked is not None else {})}
+    pending = Pending(common, list(variants), work, cwd, env, rules.stall_timeout_s,
+                      time.monotonic())
+    pending.attempt = _launch(pending, pending.variants, None, ahead)
+    return pending
+
+
+def start_warmers(variants: list[dict], shapes: list[dict], *, processes: int, contract: Path,
+                  work: Path, cwd: Path, env: dict) -> list:
+    """Up to `processes` children (perfloop.child.warm) that launch the variants once at every
+    shape, each its share of them, so their compiles land in cuTile's disk cache in parallel
+    while the judge runs. Stop them with stop_warmers."""
+    count = min(processes, len(variants))
+    running = []
+    for i in range(count):
+        tag = nonce()
+        spec = work / f"warm-{tag}.json"
+        write_json(spec, {"contract_folder": str(contract), "shapes": shapes,
+                          "variants": _variants_json(variants[i::count])})
+        running.append(process.start(process.python(cwd, "perfloop.child.warm", str(spec)),
+                                   log=work / f"warm-{tag}.log", env=env, cwd=cwd))
+    return running
+
+
+def wait_warmers(running: list, until: float) -> int:
+    """Wait for the warmers to finish, until the monotonic time `until` at most; then stop
+    them. Returns how many had finished."""
+    while any(r.proc.poll() is None for r in running) and time.monotonic() < until:
+        time.sleep(0.2)
+    return stop_warmers(running)
+
+
+def stop_warmers(running: list) -> int:
+    """Stop the warmers; returns how many had finished by then."""
+    done = sum(r.proc.poll() is not None for r in running)
+    for r in running:
+        r.kill()
+    return done
+
+
+def abandon(pending: Pending | None) -> None:
+    """Nothing passed the judge: stop the waiting worker."""
+    if pending is not None and pending.attempt:
+        pending.attempt[1].kill()
+        pending.attempt = None
+
+
+def finish_timing(pending: Pending, labels: list[str], *, deadline: float,
+                  select: bool = False) -> Timing:
+    """Time the incumbent, its control and the candidates named in `labels` in one process;
+    if the worker dies or hangs in a candidate's code, drop that candidate (recorded with the
+    reason) and time the rest again in a new worker."""
+    out = Timing()
+    keep = {INCUMBENT, CONTROL, *labels}
+    remaining = [v for v in pending.variants if v["label"] in keep]
+    go = {"labels": [v["label"] for v in remaining], "select": select}
+    tag, running = pending.attempt or _launch(pending, remaining, go)
+    if pending.attempt:
+        write_json(pending.work / f"timing-{tag}-go.json", go)
+        pending.attempt = None
+    shown = (_TimingShown([sh["name"] for sh in pending.common["shapes"]],
+                          pending.common["measure"]["rounds"]) if progress.enabled() else None)
+    try:
+        return _finish(pending, out, running, tag, remaining, go, deadline, select, shown)
+    finally:
+        if shown:
+            shown.bar.close()
+
+
+def _finish(pending: Pending, out: Timing, running, tag: str, remaining: list, go: dict,
+            deadline: float, select: bool, shown) -> Timing:
+    while True:
+        watch = (shown.watch(pending.work / f"timing-{tag}-progress.jsonl", len(go["labels"]))
+                 if shown else None)
+        res = running.wait(deadline=deadline, stall_s=pending.stall_s, on_progress=watch)
+        result = pending.work / f"timing-{tag}.json"
+        written = pending.work / f"timing-{tag}-progress.jsonl"
+        imports = pending.work / f"timing-{tag}-imports.json"
+        if imports.exists():
+            out.imports |= set(json.loads(imports.read_text()))
+        if res.returncode == 0 and result.exists():
+            out.raw = _read_result(result) or {}
+            if out.raw.get("spec") == pending.specs.get(tag):
+                break
+            out.raw = {}
+            out.crashed = ("the timing worker's result is not of the spec perfloop wrote (its "
+                           f"spec or result file was replaced; log: {res.log})")
+            break
+        last = _last_progress(written) or {}
+        culprit = last.get("label")
+        reason = last.get("reason") or f"timing worker {res.describe()} (log: {res.log})"
+        kind = Outcome.FAIL if last.get("stage") == "tampered" else Outcome.CRASH
+        if culprit in (None, INCUMBENT, CONTROL) or res.timed_out and not res.stalled:
+            out.crashed = f"{culprit}: {reason}" if culprit else reason
+            break
+        if culprit in go["labels"]:  # (else it died while built, and had failed the judge)
+            out.excluded[culprit] = {"reason": f"its code {reason}" if kind == Outcome.FAIL
+                                     else reason, "kind": kind}
+        remaining = [v for v in remaining if v["label"] != culprit]
+        if len(remaining) <= 2:  # only the incumbent and its control are left
+            break
+        go = {"labels": [v["label"] for v in remaining], "select": select}
+        tag, running = _launch(pending, remaining, go)
+    out.wall_s = round(time.monotonic() - pending.started, 3)
+    return out
+
+
+def _read_result(path: Path) -> dict | None:
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return raw if isinstance(raw, dict) else None
+
+
+def time_variants(variants: list[dict], shapes: list[dict], rules: Rules, *, deadline: float,
+                  select: bool = False, cliffs: bool = False, **where) -> Timing:
+    """start_timing and finish_timing in one go, for timings no judge precedes. Without
+    `cliffs` (bench and the confirmation, which compare variants far apart) no candidate is
+    dropped for being slow."""
+    if not cliffs:
+        rules = dataclasses.replace(rules, measure=dataclasses.replace(rules.measure,
+                                                                       cliff_ratio=None))
+    pending = start_timing(variants, shapes, rules, **where)
+    return finish_timing(pending, [v["label"] for v in variants], deadline=deadline,
+                         select=select)
+
+
+def summarize_pass(timed_pass: dict, incumbent: str = INCUMBENT, control: str = CONTROL,
+                   ceiling: dict | None = None) -> dict:
+    """Per shape: each variant's statistics, its host time, and its comparison to the
+    incumbent with the noise that the A/A control showed on that shape."""
+    shapes = {}
+    ceiling = ceiling or {}
+    for name, shape in timed_pass["shapes"].items():
+        labels = list(shape["rounds"])
+        per_variant, round_medians = {}, {}
+        for label in labels:
+            rounds = shape["rounds"][label]
+            samples = [s for r in rounds for s in r]
+            round_medians[label] = [statistics.median(r) for r in rounds]
+            summary = stats.summarize(samples)
+            host = shape.get("host_us", {}).get(label) or []
+            entry = {"median_ms": summary.median, "ci_low_ms": summary.ci_low,
+                     "ci_high_ms": summary.ci_high, "n": summary.n,
+                     "round_medians_ms": round_medians[label], "samples_ms": samples,
+                     "host_us_per_call": statistics.median(host) if host else None,
+                     "host_us_samples": host,
+                     "fresh_ratio": shape.get("fresh_ratio", {}).get(label)}
+            if shape.get("floor_ms"):
+                entry["gbps"] = shape["bytes"] / summary.median / 1e6
+                entry["share_of_floor"] = shape["floor_ms"] / summary.median
+                if ceiling.get("copy_gbps"):
+                    entry["share_of_copy_bw"] = entry["gbps"] / ceiling["copy_gbps"]
+            per_variant[label] = entry
+        noise = 0.0
+        if control in labels:
+            noise = stats.noise_of(stats.compare(round_medians[incumbent], round_medians[control]))
+        comparisons = {label: vars(stats.compare(round_medians[incumbent], round_medians[label],
+                                                 noise=noise))
+                       for label in labels if label != incumbent}
+        shapes[name] = {"bytes": shape["bytes"], "flops": shape["flops"],
+                        "flops_by_unit": shape.get("flops_by_unit"),
+                        "bucket": shape.get("bucket"), "held_back": shape.get("held_back", False),
+                        "floor_ms": shape.get("floor_ms"), "reps_per_round": shape["reps"],
+                        "pad_us": shape.get("pad_us"), "noise": noise, "variants": per_variant,
+                        "vs_incumbent": comparisons}
+    return shapes
+
+
+def elapsed(start: float) -> float:
+    return round(time.monotonic() - start, 3)

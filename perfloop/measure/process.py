@@ -1,0 +1,147 @@
+"""Run a phase in a child process with a deadline, and make sure no child outlives perfloop.
+
+- The child leads its own process group; on a deadline or a stall (no progress written for
+  `stall_s`) the whole group is killed, and the caller records a crash.
+- If perfloop itself dies, even by SIGKILL, the kernel sends the child SIGTERM (Linux's
+  parent-death signal, set here between fork and exec); the child's side of that is
+  perfloop.child.lifeline.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+PR_SET_PDEATHSIG = 1
+BOOTSTRAP = (Path(__file__).resolve().parent.parent / "child" / "bootstrap.py").read_text()
+
+
+def python(root: Path, mode: str, *args: str) -> list[str]:
+    """The command line of a child: perfloop/child/bootstrap.py, then pytest or a module."""
+    return [sys.executable, "-c", BOOTSTRAP, str(root), mode, *args]
+
+
+@dataclass(frozen=True)
+class ChildResult:
+    returncode: int | None
+    timed_out: bool
+    wall_s: float
+    log: Path
+    stalled: bool = False
+
+    @property
+    def died(self) -> bool:
+        """Killed by a signal or by the deadline (as opposed to exiting with a status)."""
+        return self.timed_out or self.returncode is None or self.returncode < 0
+
+    def describe(self) -> str:
+        if self.stalled:
+            return f"killed after {self.wall_s:.0f}s: no progress for too long (a hang)"
+        if self.timed_out:
+            return f"killed after {self.wall_s:.0f}s: past the iteration's time limit"
+        if self.returncode is not None and self.returncode < 0:
+            return f"died from signal {signal.Signals(-self.returncode).name}"
+        return f"exited with status {self.returncode}"
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        except (OSError, AttributeError):
+            pass
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
+def _progress_mark(paths: list[Path]) -> tuple:
+    marks = []
+    for path in paths:
+        try:
+            st = path.stat()
+            marks.append((st.st_size, st.st_mtime_ns))
+        except FileNotFoundError:
+            marks.append(None)
+    return tuple(marks)
+
+
+class Running:
+    """A child started with `start`; `wait` runs it to its end, its deadline, or a stall:
+    `progress` files (its log is one) that have not changed for stall_s seconds."""
+
+    def __init__(self, cmd: list[str], *, log: Path, env: dict | None, cwd: Path | None,
+                 progress: list[Path]):
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self.log, self.watched, self.started = log, [log, *progress], time.monotonic()
+        self._out = open(log, "wb")
+        self.proc = subprocess.Popen(cmd, stdout=self._out, stderr=subprocess.STDOUT, env=env,
+                                     cwd=cwd, start_new_session=True, preexec_fn=_die_with_parent)
+
+    def adopt(self, *, progress: list[Path]) -> None:
+        """A child started ahead of its task, which begins now: its time and its stall watch
+        count from here, on these progress files besides its log."""
+        self.started, self.watched = time.monotonic(), [self.log, *progress]
+
+    def kill(self) -> None:
+        _kill_group(self.proc)
+        self._out.close()
+
+    def wait(self, *, deadline: float, stall_s: float | None = None,
+             cancel: threading.Event | None = None,
+             on_progress: Callable[[], None] | None = None) -> ChildResult:
+        """`cancel`, once set (from another thread), ends the wait as a timeout would.
+        `on_progress` is called whenever the watched files change (what the live progress
+        line shows comes from the same files as the watchdog's verdict)."""
+        timed_out = stalled = False
+        last_mark, last_change = _progress_mark(self.watched), time.monotonic()
+        try:
+            while True:
+                try:
+                    self.proc.wait(timeout=min(0.25, max(deadline - time.monotonic(), 0.001)))
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                now = time.monotonic()
+                if now >= deadline or cancel is not None and cancel.is_set():
+                    timed_out = True
+                    break
+                mark = _progress_mark(self.watched)
+                if mark != last_mark:
+                    last_mark, last_change = mark, now
+                    if on_progress is not None:
+                        on_progress()
+                elif stall_s is not None and now - last_change > stall_s:
+                    timed_out = stalled = True
+                    break
+        finally:
+            self.kill()  # also reaps anything the child left running in its group
+        return ChildResult(None if timed_out else self.proc.returncode, timed_out,
+                           time.monotonic() - self.started, self.log, stalled)
+
+
+def start(cmd: list[str], *, log: Path, env: dict | None = None, cwd: Path | None = None,
+          progress: list[Path] = ()) -> Running:
+    return Running(cmd, log=log, env=env, cwd=cwd, progress=list(progress))
+
+
+def run(cmd: list[str], *, timeout_s: float, log: Path, env: dict | None = None,
+        cwd: Path | None = None, stall_s: float | None = None,
+        progress: list[Path] = (), cancel: threading.Event | None = None,
+        on_progress: Callable[[], None] | None = None) -> ChildResult:
+    return start(cmd, log=log, env=env, cwd=cwd, progress=progress).wait(
+        deadline=time.monotonic() + max(timeout_s, 0.001), stall_s=stall_s, cancel=cancel,
+        on_progress=on_progress)

@@ -1,0 +1,110 @@
+"""Profiler evidence for the incumbent: Nsight Compute (ncu) around one warm launch at the
+headline shape, recorded in sandbox/<kernel>/profile.json (the ncu version, the command, every
+profiled kernel's raw values, and the metrics `next` ranks by). Writes nothing else but its
+logs under sandbox/<kernel>/work/."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from perfloop.core.atomic import write_json
+from perfloop.core.errors import NeedsGPU
+from perfloop.core.vocab import Status
+from perfloop.measure import ncu, phases, process
+from perfloop.plan import profile_rank
+from perfloop.store.session import Session, require_gpu
+
+PROFILE = "profile.json"
+SCHEMA = 1
+TRIES = 8   # each try may drop the metrics ncu says it does not know (it may name one a try)
+
+
+class Failed(Exception):
+    """ncu ran but gave nothing usable: the command answers with exit status 1."""
+
+
+def recorded(s: Session) -> dict | None:
+    """The last profile of this kernel's run, if a readable one is recorded."""
+    try:
+        data = json.loads((s.sandbox / PROFILE).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) and isinstance(data.get("metrics"), dict) else None
+
+
+def of_incumbent(s: Session) -> dict | None:
+    """The recorded profile, if it profiled the current incumbent (an older one is stale)."""
+    data = recorded(s)
+    return data if data is not None and data.get("commit") == s.state.incumbent else None
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def profile(s: Session, *, kernel_name: str | None = None, launch_skip: int = 0,
+            launch_count: int = 8) -> dict:
+    """Profile the incumbent; returns the record written to profile.json."""
+    st = s.state
+    path = ncu.find()
+    if path is None:
+        raise NeedsGPU("profiling needs Nsight Compute's command line, `ncu`, on PATH, and "
+                       "none was found (it comes with the CUDA toolkit); `next` keeps the "
+                       "playbook's ranking")
+    if s.spec.requires_gpu:
+        require_gpu()
+    rules = profile_rank.load(s.playbook_dir)
+    started, t0 = time.time(), time.monotonic()
+    work = s.work / f"profile-{phases.nonce()}"
+    work.mkdir(parents=True, exist_ok=True)
+    folder = s.export_commit(st.incumbent, work / "incumbent")
+    contract = s.export_commit(st.base_commit, work / "contract")
+    knobs = json.loads((folder / "knobs.json").read_text())
+    head = s.spec.headline
+    target_spec = work / "target.json"
+    write_json(target_spec, {"contract_folder": str(contract), "folder": str(folder),
+                             "knobs": knobs, "shape": head.as_dict(), "warmup": 3,
+                             "launches": 1, "out": str(work / "target-done.json")})
+    target = [sys.executable, "-P", "-m", "perfloop.child.profile_target", str(target_spec)]
+    requested, unavailable = rules.requested(), []
+    env = phases.child_env(s.playbook_dir)
+    deadline = time.monotonic() + s.playbook.rules.iteration_timeout_s
+    for attempt in range(TRIES):
+        csv_log = work / f"ncu-{attempt}.csv"
+        cmd = ncu.command(path, requested, target, log=str(csv_log), launch_skip=launch_skip,
+                          launch_count=launch_count, kernel_name=kernel_name)
+        res = process.run(cmd, timeout_s=deadline - time.monotonic(), log=work / f"ncu-{attempt}.log",
+                        env=env, cwd=s.root)
+        text = _read(csv_log) + "\n" + _read(res.log)
+        if ncu.permission_denied(text):
+            raise NeedsGPU("ncu may not read this GPU's performance counters "
+                           "(ERR_NVGPUCTRPERM: run as an admin user, or load the driver with "
+                           f"NVreg_RestrictProfilingToAdminUsers=0); log: {res.log}")
+        unknown = ncu.unknown_metrics(text, requested)
+        if not unknown or len(unknown) == len(requested) or res.died:
+            break
+        unavailable += unknown
+        requested = [m for m in requested if m not in unknown]
+    kernels = ncu.parse(_read(csv_log) + "\n" + _read(res.log))
+    main = ncu.main_kernel(kernels)
+    if main is None:
+        why = (ncu.errors(text) or [f"ncu {res.describe()}"])[0]
+        raise Failed(f"ncu profiled no kernel ({why[:200]}); its log: {res.log}")
+    made = next((r for r in reversed(s.records()) if r.commit == st.incumbent
+                 and r.status == Status.KEEP), None)
+    record = {"schema": SCHEMA, "kernel": s.spec.name, "commit": st.incumbent,
+              "iteration": made.iteration if made else None, "knobs": knobs,
+              "shape": head.as_dict(),
+              "ncu": {"path": path, "version": ncu.version(path)}, "command": cmd,
+              "requested": requested, "unavailable": unavailable, "kernels": kernels,
+              "kernel_name": main["name"], "metrics": ncu.pick(main, rules.metrics),
+              "log": str(res.log), "started_at": started, "finished_at": time.time(),
+              "wall_s": phases.elapsed(t0)}
+    write_json(s.sandbox / PROFILE, record)
+    return record

@@ -1,0 +1,233 @@
+"""What a reviewer reads about a run, as pure functions over the typed record: the
+journey of kept changes with their knob diffs, per-shape times against the physical floor and
+the last bench's competitors, and the latency of every experiment for the plots.
+
+Times from different experiments come from different processes; only a confirmation (the
+baseline and the final incumbent timed in one process) gives a speedup. Every figure here says
+which kind it is.
+"""
+
+from __future__ import annotations
+
+from perfloop.core import dispatch
+from perfloop.core.playbook import freeze
+from perfloop.core.vocab import Correctness, Kind, Status
+from perfloop.plan.search import (
+    BUCKET_JOINT,
+    DISPATCH,
+    MULTI,
+    bucket_joint_row,
+    show_patch,
+    show_value,
+)
+from perfloop.store.records import Confirmation, Experiment
+
+ONE_PROCESS = "one-process confirmation"
+# bench's label of the kernel itself, and of its second timing (the A/A control)
+BENCH_SELF, BENCH_AGAIN = "cutile", "cutile-again"
+
+
+def knob_changes(before: dict, after: dict) -> list[dict]:
+    """[{knob, bucket, old, new}] from one knob set to the next: plain knobs (bucket None), and
+    for knobs.json's dispatch table each bucket's knobs against what ran there before (the
+    bucket's old entry over the plain knobs)."""
+    out = []
+    plain = sorted({k for k in (*before, *after) if k != dispatch.KEY})
+    for knob in plain:
+        old, new = freeze(before.get(knob)), freeze(after.get(knob))
+        if old != new:
+            out.append({"knob": knob, "bucket": None, "old": old, "new": new})
+    old_table, new_table = dispatch.table(before), dispatch.table(after)
+    for bucket in dispatch.changed_buckets(old_table, new_table):
+        was, now = ({k: freeze(v) for k, v in dispatch.knobs_for(knobs, bucket).items()}
+                    for knobs in (before, after))
+        for knob in sorted({*old_table.get(bucket, {}), *new_table.get(bucket, {})}):
+            if was.get(knob) != now.get(knob):
+                out.append({"knob": knob, "bucket": bucket, "old": was.get(knob),
+                            "new": now.get(knob)})
+    return out
+
+
+def show_change(change: dict) -> str:
+    where = f"[{change['bucket']}] " if change["bucket"] is not None else ""
+    return (f"{where}{change['knob']}: {show_value(change['old'])} -> "
+            f"{show_value(change['new'])}")
+
+
+def what(record: Experiment) -> str:
+    """The experiment as its table row names it."""
+    if record.kind == Kind.BASELINE:
+        return "baseline"
+    if record.kind == Kind.AGENT:
+        return record.describe
+    if record.optimization == DISPATCH:
+        return f"dispatch: {record.describe}"
+    if record.optimization == BUCKET_JOINT:
+        return bucket_joint_row(record.extra.get("incumbent_value"), record.value)
+    return f"{record.optimization}: {setting(record.knob, record.value)}"
+
+
+def setting(knob: str, value) -> str:
+    """knob=value, or for a patch of several knobs (joint search) each of them."""
+    if knob == MULTI:
+        return show_patch(value)
+    return f"{knob}={show_value(value)}"
+
+
+def journey(recs: list[Experiment]) -> list[dict]:
+    """Each kept change after the baseline, in order, with the knobs it moved (from the
+    incumbent before it) and its gain at the headline against that incumbent, in one process."""
+    out, knobs = [], recs[0].knobs if recs else {}
+    for record in recs[1:]:
+        if record.status != Status.KEEP:
+            continue
+        changes = knob_changes(knobs, record.knobs)
+        out.append({"iteration": record.iteration, "kind": record.kind,
+                    "optimization": record.optimization,
+                    "what": ("agent edit: " if record.kind == Kind.AGENT else "") + what(record),
+                    "changes": [{**c, "old": _json(c["old"]), "new": _json(c["new"])}
+                                for c in changes],
+                    "diff": "; ".join(map(show_change, changes)) or
+                            ("code edit (knobs unchanged)" if record.kind == Kind.AGENT
+                             else "no knob changed"),
+                    "gain": record.gain, "latency_ms": record.latency_ms,
+                    "commit": record.commit, "reason": record.reason})
+        knobs = record.knobs
+    return out
+
+
+def _json(value):
+    return [_json(v) for v in value] if isinstance(value, tuple) else value
+
+
+def change_counts(recs: list[Experiment]) -> dict:
+    """The experiments after the baseline by outcome: the baseline is not a kept change."""
+    changes = recs[1:]
+    return {"total": len(changes),
+            "kept": sum(r.status == Status.KEEP for r in changes),
+            "reverted": sum(r.status == Status.REVERT for r in changes),
+            "crashed": sum(r.status == Status.CRASH for r in changes),
+            "correctness_failures": sum(r.correctness == Correctness.FAIL for r in changes)}
+
+
+def incumbent_record(recs: list[Experiment], commit: str) -> Experiment | None:
+    """The timed experiment that made `commit` the incumbent."""
+    return next((r for r in reversed(recs)
+                 if r.status == Status.KEEP and r.commit == commit and r.timing), None)
+
+
+def incumbent_timed(recs: list[Experiment], incumbent: str, shape: str
+                    ) -> tuple[Experiment | None, dict | None]:
+    """The incumbent's statistics at `shape` and the experiment they come from: the one that
+    made it the incumbent, or, where that one did not time the shape (a dispatch change times
+    only the buckets it touches, and the headline), the kept experiment before it, and so on
+    back: a dispatch change leaves the other buckets' code as it was."""
+    by_commit = {r.commit: r for r in recs if r.status == Status.KEEP and r.timing}
+    record = by_commit.get(incumbent)
+    while record is not None:
+        stats = timed(record, shape)
+        if stats is not None:
+            return record, stats
+        before = record.extra.get("incumbent_before")
+        record = by_commit.get(before) if before != record.commit else None
+    return None, None
+
+
+def timed(record: Experiment | None, shape: str, label: str | None = None) -> dict | None:
+    """The variant's statistics at `shape` in the record's deciding pass (default: the chosen
+    variant), with the shape's floor."""
+    timing = (record.timing if record else None) or {}
+    entry = (timing.get("shapes") or {}).get(shape)
+    label = label or timing.get("chosen")
+    if entry is None or label not in entry["variants"]:
+        return None
+    return {**entry["variants"][label], "floor_ms": entry.get("floor_ms")}
+
+
+def competitors(bench: dict | None) -> dict[str, list[dict]]:
+    """{shape: [{variant, median_ms, ci, vs_cutile, share_of_floor}]} from bench.json, the
+    kernel's own rows left out."""
+    out: dict[str, list[dict]] = {}
+    for row in (bench or {}).get("rows", []):
+        if row["variant"] in (BENCH_SELF, BENCH_AGAIN):
+            continue
+        out.setdefault(row["shape"], []).append(
+            {"variant": row["variant"], "median_ms": row["median_ms"],
+             "ci_ms": [row.get("ci_low_ms"), row.get("ci_high_ms")],
+             "vs_cutile": row.get("vs_cutile"), "share_of_floor": row.get("share_of_floor")})
+    return out
+
+
+def bench_self(bench: dict | None, shape: str) -> float | None:
+    """The kernel's own median at `shape` in bench.json."""
+    return next((row["median_ms"] for row in (bench or {}).get("rows", [])
+                 if row["shape"] == shape and row["variant"] == BENCH_SELF), None)
+
+
+def shapes(recs: list[Experiment], names: list[str], incumbent: str,
+           confirmation: Confirmation | None, bench: dict | None, headline: str) -> list[dict]:
+    """Per benchmark shape (`names`, in the kernel's order): the baseline's and the incumbent's
+    medians (each from its own experiment, so from different processes), their shares of the
+    physical floor, the one-process speedup when confirmed, and the last bench's competitors."""
+    confirmed = confirmation.shapes if confirmation else {}
+    rivals = competitors(bench)
+    out = []
+    for name in names:
+        best, inc = incumbent_timed(recs, incumbent, name)
+        base = timed(recs[0], name)
+        one = confirmed.get(name)
+        out.append({
+            "shape": name, "headline": name == headline,
+            "baseline_ms": base and base["median_ms"],
+            "incumbent_ms": inc and inc["median_ms"],
+            "incumbent_iteration": best.iteration if best else None,
+            "floor_ms": (inc or base or {}).get("floor_ms"),
+            "baseline_share_of_floor": base and base.get("share_of_floor"),
+            "incumbent_share_of_floor": inc and inc.get("share_of_floor"),
+            "speedup": one["speedup"] if one else None,
+            "speedup_ci": one.get("speedup_ci") if one else None,
+            "speedup_method": ONE_PROCESS if one else None,
+            "competitors": rivals.get(name, []),
+        })
+    return out
+
+
+def latency_points(recs: list[Experiment], shape: str) -> list[dict]:
+    """Every experiment at `shape`, for the latency plot: {iteration, ms, status, correctness,
+    incumbent_ms}: the chosen variant's median (None when nothing was timed) and the
+    incumbent's in the same pass; then each other candidate's median from the first pass
+    (outcome ok) or its outcome where it was not timed (fail, crash, slow, screened)."""
+    out = []
+    for record in recs:
+        chosen = timed(record, shape)
+        inc = timed(record, shape, "incumbent")
+        point = {"iteration": record.iteration, "status": record.status,
+                 "correctness": record.correctness, "ms": chosen and chosen["median_ms"],
+                 "incumbent_ms": inc and inc["median_ms"], "candidates": []}
+        timing = record.timing or {}
+        first = (timing.get("selection") or {}).get(shape) \
+            or (timing.get("shapes") or {}).get(shape) or {}
+        picked = timing.get("chosen")
+        outcomes = record.outcomes or {}
+        for label, o in outcomes.items():
+            if label == picked or record.kind == Kind.BASELINE or len(outcomes) == 1:
+                continue  # (a single candidate is the experiment's own point)
+            ms = (first.get("variants") or {}).get(label, {}).get("median_ms")
+            point["candidates"].append({"label": label, "outcome": o["outcome"], "ms": ms})
+        out.append(point)
+    return out
+
+
+def phase_seconds(recs: list[Experiment], confirmation: Confirmation | None,
+                  profile: dict | None) -> dict:
+    """Seconds per phase over the run, the confirmation and the last profile included."""
+    out: dict[str, float] = {}
+    for record in recs:
+        for phase, seconds in record.phases_s.items():
+            if phase != "total" and seconds is not None:
+                out[phase] = out.get(phase, 0.0) + seconds
+    if confirmation and confirmation.wall_s is not None:
+        out["confirmation"] = confirmation.wall_s
+    if profile and profile.get("wall_s") is not None:
+        out["profile"] = profile["wall_s"]
+    return {k: round(v, 3) for k, v in out.items()}

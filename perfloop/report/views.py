@@ -1,0 +1,80 @@
+"""Plain, JSON-ready views of the record, shared by the commands' JSON and text output."""
+
+from __future__ import annotations
+
+from perfloop.core.vocab import Status, Stop
+from perfloop.report import review
+from perfloop.run import confirm
+from perfloop.store import records
+from perfloop.store.session import Session
+
+SCHEMA = 1
+
+
+def experiment(record: records.Experiment) -> dict:
+    return {"iteration": record.iteration, "kind": record.kind,
+            "optimization": record.optimization, "knob": record.knob,
+            "value": record.value, "describe": record.describe or None,
+            "what": review.what(record),   # as the table's row names it
+            "status": record.status, "correctness": record.correctness,
+            "latency_ms": record.latency_ms, "gain": record.gain,
+            "reason": record.reason, "commit": record.commit, "ref": record.ref}
+
+
+def experiment_line(e: dict) -> str:
+    what = f"agent edit: {e['what']}" if e["kind"] == "agent" else e["what"]
+    latency = f"{e['latency_ms']:.6f} ms" if e["latency_ms"] is not None else "    (not timed)"
+    return (f"iteration {e['iteration']:<3} {what[:48]:<48} {latency:>14}  {e['correctness'] or '-':<4} "
+            f"{e['status']:<6} {e['reason']}")
+
+
+def incumbent(s: Session, recs: list[records.Experiment]) -> dict:
+    kept = [r for r in recs if r.status == Status.KEEP]
+    last = kept[-1] if kept else None
+    return {"commit": s.state.incumbent, "iteration": last.iteration if last else None,
+            "latency_ms": last.latency_ms if last else None,
+            "knobs": last.knobs if last else None}
+
+
+def speedup(s: Session, recs: list[records.Experiment]) -> dict:
+    """The headline speedup of the incumbent over the baseline: the one-process confirmation
+    when the run has one for this incumbent, else the product of the kept experiments' ratios
+    (each measured in one process against its own incumbent)."""
+    head = s.spec.headline.name
+    confirmed = confirm.latest(s)
+    if confirmed and head in confirmed.shapes:
+        shape = confirmed.shapes[head]
+        return {"speedup": shape["speedup"], "ci": shape.get("speedup_ci"),
+                "method": "one-process confirmation", "shapes": confirmed.shapes}
+    value = 1.0
+    for r in recs[1:]:
+        if r.status == Status.KEEP and r.gain is not None:
+            value /= 1.0 - r.gain
+    return {"speedup": value if recs else None, "ci": None,
+            "method": "product of the kept experiments' in-process ratios (not confirmed)",
+            "shapes": None}
+
+
+def status(s: Session) -> dict:
+    recs = s.records()
+    st = s.state
+    baseline = recs[0].latency_ms if recs else None
+    inc = incumbent(s, recs)
+    return {"kernel": st.kernel, "run_id": st.branch, "branch": st.branch,
+            "kernel_class": st.kernel_class or None,
+            "intensity_flop_per_byte": st.intensity, "class_basis": st.class_basis or None,
+            "base_commit": st.base_commit,
+            "incumbent": inc, "baseline_latency_ms": baseline,
+            "speedup_vs_baseline": speedup(s, recs)["speedup"],
+            "iterations": len(recs), "experiments": [experiment(r) for r in recs],
+            **stop_fields(st.stop), "interrupted": line(st.interrupted),
+            "in_flight": st.in_flight, "table": str(s.table_path), "record": str(s.records_path)}
+
+
+def line(stop: Stop | None) -> str | None:
+    return stop.detail if stop else None
+
+
+def stop_fields(stop: Stop | None) -> dict:
+    """`stopped`: the stop's line (as it always was); `stopped_by`: which rule, for code."""
+    return {"stopped": line(stop), "stopped_by": stop.reason if stop else None}

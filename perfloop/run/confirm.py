@@ -1,0 +1,87 @@
+"""The run's result, measured as one comparison: the baseline commit against the final
+incumbent, timed in one process in alternating rounds with an A/A control, on every shape.
+Latencies from different iterations come from different processes and drift; this does not.
+It is recorded in experiments.jsonl (kind "confirmation", no table row) and quoted by report."""
+
+from __future__ import annotations
+
+import time
+
+from perfloop.core import progress
+from perfloop.core.vocab import INCUMBENT
+from perfloop.measure import phases
+from perfloop.store import records
+from perfloop.store.session import Session
+
+FINAL = "final"
+
+
+def latest(s: Session) -> records.Confirmation | None:
+    """The confirmation of the current incumbent against the baseline, if there is one."""
+    for record in reversed(s.all_records()):
+        if isinstance(record, records.Confirmation):
+            if record.incumbent == s.state.incumbent and record.baseline == s.state.base_commit:
+                return record
+            return None
+    return None
+
+
+def ensure(s: Session) -> records.Confirmation | None:
+    """Confirm the run's result once it has stopped (no-op if already confirmed)."""
+    if latest(s) is not None or not s.records():
+        return latest(s)
+    with progress.task("confirmation", "the baseline against the final incumbent, in one process"):
+        record = records.Confirmation.from_dict(measure(s))
+    records.append(s.records_path, record)
+    return record
+
+
+def measure(s: Session) -> dict:
+    """Time the baseline commit against the incumbent now, in one process; not recorded."""
+    st = s.state
+    started, t0 = time.time(), time.monotonic()
+    record = {"schema": records.SCHEMA, "kind": records.CONFIRMATION,
+              "after_iteration": s.records()[-1].iteration, "baseline": st.base_commit,
+              "incumbent": st.incumbent, "headline": s.spec.headline.name, "shapes": {},
+              "started_at": started}
+    if st.incumbent == st.base_commit:
+        record.update(shapes={sh.name: {"speedup": 1.0, "speedup_ci": [1.0, 1.0], "ratio": 1.0}
+                              for sh in s.spec.shapes},
+                      detail="the incumbent is the baseline: nothing was kept")
+    else:
+        work = s.work / f"confirm-{phases.nonce()}"
+        work.mkdir(parents=True, exist_ok=True)
+        base_dir = s.export_commit(st.base_commit, work / "baseline")
+        final_dir = s.export_commit(st.incumbent, work / "final")
+        base = {"label": INCUMBENT, "folder": base_dir, "knobs": s.spec.read_knobs(base_dir)}
+        variants = [base, {**base, "label": "incumbent-again"},
+                    {"label": FINAL, "folder": final_dir, "knobs": s.spec.read_knobs(final_dir)}]
+        rules = s.playbook.rules
+        timing = phases.time_variants(
+            variants, [sh.as_dict() for sh in s.spec.shapes], rules, contract=base_dir,
+            tolerance=s.spec.tolerance, headline=s.spec.headline.name,
+            ceilings_cache=s.ceilings_cache, work=work,
+            deadline=time.monotonic() + rules.iteration_timeout_s, cwd=s.root,
+            env=phases.child_env(s.playbook_dir), checked=[FINAL])
+        failed = (timing.raw.get("failed") or {}) if not timing.crashed else {}
+        if timing.crashed or failed or timing.excluded:
+            why = timing.crashed or "; ".join(
+                f"{k}: {v['reason']}" for k, v in {**failed, **timing.excluded}.items())
+            record["error"] = f"the confirmation could not be timed: {why}"
+        else:
+            summary = phases.summarize_pass(timing.raw["passes"][0],
+                                            ceiling=timing.raw.get("ceilings"))
+            record["shapes"] = {name: _speedup(shape) for name, shape in summary.items()}
+            record.update(environment=timing.raw.get("environment"),
+                          method=timing.raw.get("method"))
+    record.update(wall_s=round(time.monotonic() - t0, 3), finished_at=time.time())
+    return record
+
+
+def _speedup(shape: dict) -> dict:
+    c = shape["vs_incumbent"][FINAL]
+    return {"ratio": c["ratio"], "ci_low": c["ci_low"], "ci_high": c["ci_high"],
+            "noise": c["noise"], "speedup": 1 / c["ratio"],
+            "speedup_ci": [1 / c["ci_high"], 1 / c["ci_low"]],
+            "baseline_ms": shape["variants"][INCUMBENT]["median_ms"],
+            "final_ms": shape["variants"][FINAL]["median_ms"]}

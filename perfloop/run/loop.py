@@ -1,0 +1,188 @@
+"""The run: setup (branch, baseline), then one optimization per iteration until a stop rule.
+
+This is the whole of `perfloop run`; `init` and `step` drive the same pieces one at a time.
+Every check that can refuse runs before anything is written; a baseline that fails is undone
+(back on the user's branch, the attempt archived), so a failed start leaves nothing half made.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from datetime import date
+from pathlib import Path
+from typing import Callable
+
+from perfloop.core import kernel, traffic
+from perfloop.core.errors import UserError
+from perfloop.core.vocab import Kind, Status, Stop, StopReason
+from perfloop.plan import decide, suggest
+from perfloop.plan.suggest import suggestions
+from perfloop.run import confirm, experiment
+from perfloop.run.experiment import Proposal
+from perfloop.store import gitops, pins, records
+from perfloop.store.session import Session, State, sha256_file
+
+
+def _archive(s: Session, existing: State) -> Path:
+    archive = (s.sandbox.parent / "_archive" / s.spec.name /
+               f"{existing.branch}-{int(existing.started_at)}")
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    shutil.move(str(s.sandbox), archive)
+    return archive
+
+
+def _require_startable(s: Session, new: bool) -> State | None:
+    """Everything init checks before it writes anything."""
+    gitops.current_branch(s.repo)
+    gitops.require_clean(s.repo)
+    folder = s.folder_rel
+    loose = s.changes_inside_folder()
+    missing = [name for name in (kernel.MANIFEST, kernel.KNOBS, kernel.MODULE)
+               if gitops.file_at(s.repo, "HEAD", f"{folder}/{name}") is None]
+    if missing or loose:
+        raise UserError(f"the kernel folder {folder}/ is not committed "
+                        f"({gitops.listing(missing or loose)}); perfloop records experiments as "
+                        "commits on top of it: `git add` and `git commit` it first")
+    judge = s.spec.judge_rel
+    if not gitops.tracked(s.repo, [judge]) or s.repo.ignored(judge):
+        raise UserError(f"the judge {judge} is not a tracked file; commit it (not under an "
+                        "ignored path), so that the run can pin it")
+    s.spec.read_knobs()  # a committed knobs.json that is not valid JSON: say so now
+    shadows = pins.unpinned_modules(s.repo, s.root, s.spec.judge, "HEAD",
+                                     [s.spec.folder, s.root / "sandbox"])
+    if shadows:
+        raise UserError(f"{gitops.listing(shadows)} could be imported by the judge but is not "
+                        "committed (new, ignored or changed); commit or remove it first")
+    existing = s.load_state()
+    if existing is not None and existing.in_flight:  # --new too: HEAD may be its commit
+        raise UserError(f"iteration {existing.in_flight['iteration']} of the run on branch "
+                        f"{existing.branch} was interrupted; finish it with `perfloop run "
+                        "--resume` first (then --new archives the run)")
+    if existing is not None and existing.stop is None and not new:
+        what = "was interrupted" if existing.interrupted or existing.in_flight else "is in progress"
+        raise UserError(f"a run of '{s.spec.name}' {what} on branch {existing.branch}; continue "
+                        "it with `perfloop run --resume`, or pass --new to archive it and start over")
+    return existing
+
+
+def start(s: Session, new: bool = False) -> tuple[records.Experiment, str | None]:
+    """Create the run's branch and state, and measure the baseline (iteration 0). A baseline
+    that does not pass is undone: the user is back on their branch, the attempt archived;
+    returns the baseline's record, and what was undone (None when it passed)."""
+    existing = _require_startable(s, new)
+    # the benchmark's traffic() is read by the timing process; a wrong one is refused here,
+    # in one line, before a branch or a record is written
+    traffic.check(kernel.import_module(s.spec.folder, f"contract_{s.spec.name}"), s.spec)
+    suggest.check_space(s)   # (likewise canonical() and restrict())
+    previous = gitops.current_branch(s.repo)
+    if existing is not None:
+        _archive(s, existing)
+    s.ensure_sandbox_ignored()
+    s.start_ahead()  # the baseline's judges and timer, while the run's branch is made
+    branch = gitops.unique_branch(s.repo, f"cutile-perf-{s.spec.name}-{date.today():%Y%m%d}")
+    sha = gitops.head(s.repo)
+    gitops.create_branch(s.repo, branch)
+    gitops.set_ref(s.repo, f"{gitops.REF_PREFIX}/{branch}/base", sha)  # reserves the name
+    s.begin(State(kernel=s.spec.name, folder=s.folder_rel, branch=branch, base_commit=sha,
+                  incumbent=sha, judge=s.spec.judge_rel,
+                  judge_sha256=sha256_file(s.spec.judge), manifest=s.spec.manifest_text,
+                  rules=s.playbook.rules_dict()))
+    record = experiment.run(s, Proposal(Kind.BASELINE))
+    if record.status == Status.KEEP:
+        return record, None
+    gitops.switch_back(s.repo, previous, branch)
+    archive = _archive(s, s.state)
+    return record, (f"the baseline did not pass, so the run was undone: back on {previous}, "
+                    f"branch {branch} deleted, the attempt's record in {archive}")
+
+
+def prepare_step(s: Session, kind: Kind) -> None:
+    """Checks before any experiment: the run exists, nothing is half done, the tree holds only
+    what this step may commit, and the judge and contract are as pinned."""
+    if s.state.in_flight:
+        raise UserError(f"iteration {s.state.in_flight['iteration']} of '{s.spec.name}' was "
+                        "interrupted; finish it with `perfloop run --resume` or "
+                        "`perfloop step --resume`")
+    s.require_on_branch()
+    s.require_at_incumbent()
+    s.require_no_outside_changes()
+    s.require_pinned()
+    inside = s.changes_inside_folder()
+    if kind == Kind.AGENT and not inside:
+        raise UserError(f"nothing to judge: no uncommitted changes inside {s.folder_rel}/")
+    if kind == Kind.PLAYBOOK and inside:
+        _refuse_edits_inside(s, inside)
+
+
+def _refuse_edits_inside(s: Session, inside: list[str]) -> None:
+    raise UserError(f"refused: uncommitted edits inside {s.folder_rel}/ "
+                    f"({gitops.listing(inside)}); judge them with `perfloop step --describe`, "
+                    "or commit or discard them, before a playbook step")
+
+
+def require_no_edits_before_steps(s: Session) -> None:
+    """`run --resume` goes on with playbook steps, which refuse uncommitted edits inside the
+    kernel folder: refuse them before the recovery finishes anything, so that a refused command
+    changes nothing. Edits that an interrupted, unrecorded experiment left are recovery's to
+    judge (perfloop's own knobs.json, an agent step's edits)."""
+    flight = s.state.in_flight
+    if flight and not any(r.iteration == flight["iteration"] for r in s.records()):
+        return
+    inside = s.changes_inside_folder()
+    if inside:
+        _refuse_edits_inside(s, inside)
+
+
+def resume(s: Session) -> records.Experiment | None:
+    """Make an interrupted run consistent and redo the interrupted experiment, if any."""
+    s.require_on_branch()
+    s.require_no_outside_changes()
+    s.require_pinned()
+    if s.state.in_flight is None:
+        s.require_at_incumbent()
+    redo = experiment.recover(s)
+    if s.state.interrupted:
+        s.state.interrupted = None
+        s.save_state()
+    return experiment.run(s, redo) if redo else None
+
+
+def next_proposal(s: Session) -> Proposal | None:
+    ranked = suggestions(s)
+    if not ranked:
+        return None
+    top = ranked[0]
+    return Proposal(Kind.PLAYBOOK, top.optimization, top.candidates, describe=top.describe,
+                    sampler=top.sampler)
+
+
+def run(s: Session, report: Callable[[records.Experiment], None],
+        max_iterations: int | None = None) -> Stop:
+    """Iterate until a stop rule fires, or `max_iterations` ran; returns why it stopped. When
+    a rule fires, the baseline and the final incumbent are timed against each other in one
+    process."""
+    done = 0
+    try:
+        while s.state.stop is None:
+            if max_iterations is not None and done >= max_iterations:
+                return Stop(StopReason.ITERATIONS_ASKED,
+                            f"stopped after {done} iterations as asked (--max-iterations)")
+            proposal = next_proposal(s)
+            if proposal is None:
+                s.state.stop = decide.NOTHING_LEFT
+                s.save_state()
+                break
+            prepare_step(s, Kind.PLAYBOOK)
+            report(experiment.run(s, proposal))
+            done += 1
+    except KeyboardInterrupt:
+        experiment.recover(s)  # sets the half-done experiment aside; resume redoes it
+        s.state.interrupted = Stop(StopReason.INTERRUPTED,
+                                   f"interrupted at {time.strftime('%H:%M:%S')}")
+        s.save_state()
+        raise
+    finally:
+        s.discard_ahead()  # started for an experiment that will not come
+    confirm.ensure(s)
+    return s.state.stop

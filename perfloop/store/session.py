@@ -1,0 +1,308 @@
+"""One kernel's run: where its files live, its persisted state, what was pinned when it
+started, and the checks that guard the user's work and the judge before anything is written."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from perfloop.core import kernel, playbook
+from perfloop.core.atomic import write_json
+from perfloop.core.errors import NeedsGPU, UserError
+from perfloop.core.vocab import Stop, StopReason
+from perfloop.store import gitops, pins, records, table
+
+STATE_SCHEMA = 3
+# Schema 2 kept a stop as its words alone; it loads unchanged, each stop's reason read from the
+# words that rule wrote then (the only place a stop's words are matched).
+LEGACY_SCHEMA = 2
+LEGACY_STOP_WORDS = (
+    (StopReason.MAX_ITERATIONS, "reached the iteration limit ("),
+    (StopReason.ROOFLINE, "at the roofline: "),
+    (StopReason.NO_IMPROVEMENT, "no improvement in "),
+    (StopReason.NOTHING_LEFT, "nothing left to try"),
+    (StopReason.BASELINE_FAILED, "the baseline did not pass ("),
+)
+
+
+@dataclass
+class State:
+    kernel: str
+    folder: str               # the kernel folder, relative to the repository root
+    branch: str               # the run's branch; also its id, never reused in this repository
+    base_commit: str          # where the run branched off; the contract is pinned from it
+    incumbent: str            # the commit every candidate is compared against
+    judge: str = ""           # pinned: the judge's path, relative to the repository root
+    judge_sha256: str = ""    # pinned: the judge's content
+    manifest: str = ""        # pinned: kernel.toml as committed at base_commit
+    rules: dict = field(default_factory=dict)   # pinned: the playbook's rules.toml values
+    kernel_class: str = ""
+    intensity: float | None = None
+    class_basis: str = ""     # how the class was read: against the device's ridge, or fixed bounds
+    stop: Stop | None = None          # why the run finished (a stop rule), or None
+    interrupted: Stop | None = None   # set by Ctrl-C; `run --resume` goes on
+    in_flight: dict | None = None
+    started_at: float = field(default_factory=time.time)
+    schema: int = STATE_SCHEMA
+
+    def to_dict(self) -> dict:
+        """state.json's object: a stop as its line (`stopped`, as always) and its reason."""
+        out = asdict(self)
+        del out["stop"]
+        out.update(stopped=self.stop and self.stop.detail,
+                   stop_reason=self.stop and self.stop.reason,
+                   interrupted=self.interrupted and self.interrupted.detail,
+                   schema=STATE_SCHEMA)
+        return out
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> State:
+        """The state from state.json's object (this schema or the last); raises TypeError or
+        ValueError naming what is wrong."""
+        if not isinstance(raw, dict):
+            raise ValueError("not a JSON object")
+        raw = dict(raw)
+        schema = raw.pop("schema", None)
+        if schema not in (STATE_SCHEMA, LEGACY_SCHEMA):
+            raise ValueError(f"schema {schema}, expected {STATE_SCHEMA}")
+        stopped, interrupted = raw.pop("stopped", None), raw.pop("interrupted", None)
+        reason = raw.pop("stop_reason", None) if schema == STATE_SCHEMA else None
+        for name, text in (("stopped", stopped), ("interrupted", interrupted)):
+            if text is not None and not isinstance(text, str):
+                raise ValueError(f"'{name}' is not a string")
+        if stopped is not None:
+            stop = Stop(StopReason(reason), stopped) if schema == STATE_SCHEMA \
+                else legacy_stop(stopped)
+            if not stop.reason.final:  # (a paused run is not stopped: resume would not go on)
+                raise ValueError(f"'stop_reason' {reason} does not end a run")
+        elif reason is not None:
+            raise ValueError("'stop_reason' without 'stopped'")
+        else:
+            stop = None
+        if interrupted is not None:
+            interrupted = Stop(StopReason.INTERRUPTED, interrupted)
+        return cls(**raw, stop=stop, interrupted=interrupted)
+
+
+def legacy_stop(words: str) -> Stop:
+    """A schema-2 stop: the reason whose words it begins with; a minor gain's stop was the
+    verdict's reason, which ends ": stop"."""
+    reason = next((r for r, start in LEGACY_STOP_WORDS if words.startswith(start)), None)
+    if reason is None:
+        reason = StopReason.MINOR_GAIN if words.endswith(": stop") else StopReason.UNRECOGNISED
+    return Stop(reason, words)
+
+
+def require_gpu() -> None:
+    if not Path("/dev/nvidiactl").exists() and shutil.which("nvidia-smi") is None:
+        raise NeedsGPU("timing needs an NVIDIA GPU and none was found on this machine "
+                       "(`perfloop check` compiles every variant without one)")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise NeedsGPU("timing needs an NVIDIA GPU, and PyTorch sees none "
+                       f"(torch {torch.__version__}, CUDA {torch.version.cuda})")
+
+
+def sha256_file(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+class Session:
+    def __init__(self, kernel_arg: str, playbook_dir: str | None = None):
+        folder = kernel.find_folder(kernel_arg, gitops.cwd_root())
+        self.repo = gitops.open_repo(folder)
+        self.root = gitops.root(self.repo)
+        self.folder_rel = gitops.rel(self.repo, folder)
+        # the committed manifest: an uncommitted edit to it never changes what a run measures
+        committed = gitops.file_at(self.repo, "HEAD", f"{self.folder_rel}/{kernel.MANIFEST}")
+        self.spec = kernel.load_spec(folder, self.root, committed)
+        self.playbook_dir = playbook.resolve_dir(playbook_dir, self.root)
+        self.playbook = playbook.load(self.playbook_dir)
+        self.sandbox = self.root / "sandbox" / self.spec.name
+        self.table_path = self.sandbox / "perf_results.md"
+        self.records_path = self.sandbox / "experiments.jsonl"
+        self.state_path = self.sandbox / "state.json"
+        self.work = self.sandbox / "work"
+        self.ceilings_cache = self.root / "sandbox" / "device_ceilings.json"
+        self._state: State | None = None
+        self.judges = None          # judge processes started ahead (phases.JudgePool)
+        self.timer = None           # a timing worker started ahead (phases.start_timer_ahead)
+        self.ahead = False          # set by a caller that runs experiments one after another
+
+    # ---- children started ahead ---------------------------------------------------------------
+    def start_ahead(self) -> None:
+        """Start the next experiment's judge processes and timing worker now, when the caller
+        runs several experiments and the rules want them (GPU kernels only: a CPU kernel's
+        clock would feel them starting). They import, then wait for their task."""
+        rules = self.playbook.rules  # (the run's pinned rules, once it has a state)
+        if not (self.ahead and rules.start_ahead and self.spec.requires_gpu):
+            return
+        from perfloop.measure import phases
+
+        env = phases.child_env(self.playbook_dir)
+        if self.judges is None:
+            self.judges = phases.start_judges(
+                self.root / self.spec.judge_rel, cwd=self.root, work=self.work / "ahead",
+                env=env, processes=rules.judge_processes)
+        if self.timer is None:
+            self.timer = phases.start_timer_ahead(cwd=self.root, work=self.work / "ahead",
+                                                  env=env)
+
+    def discard_ahead(self) -> None:
+        if self.judges is not None:
+            self.judges.discard()
+        if self.timer is not None:
+            self.timer[1].kill()
+        self.judges = self.timer = None
+
+    # ---- state and records -------------------------------------------------------------
+    @property
+    def state(self) -> State:
+        """The run's state; a clear error when this kernel has no run yet."""
+        if self._state is None:
+            loaded = self.load_state()
+            if loaded is None:
+                raise UserError(f"no run of '{self.spec.name}' yet: start one with "
+                                f"`perfloop init --kernel {self.spec.name}` or `perfloop run`")
+            self._adopt(loaded)
+        return self._state
+
+    def _adopt(self, state: State) -> None:
+        """Use what the run pinned: its manifest and its rules, whatever the tree says now."""
+        self._state = state
+        self.spec = kernel.load_spec(self.spec.folder, self.root, state.manifest)
+        self.current_rules = self.playbook.rules
+        self.playbook = playbook.with_rules(self.playbook, state.rules)
+
+    def require_run(self) -> State:
+        return self.state
+
+    def begin(self, state: State) -> None:
+        """A new run: its state becomes this session's and is saved."""
+        self.sandbox.mkdir(parents=True, exist_ok=True)
+        self._adopt(state)
+        self.save_state()
+
+    def load_state(self) -> State | None:
+        if not self.state_path.exists():
+            return None
+        try:
+            state = State.from_dict(json.loads(self.state_path.read_text()))
+            for name in ("kernel", "folder", "branch", "base_commit", "incumbent", "manifest",
+                         "judge", "judge_sha256"):
+                if not isinstance(getattr(state, name), str) or not getattr(state, name):
+                    raise ValueError(f"'{name}' is missing")
+        except (json.JSONDecodeError, TypeError, ValueError, AttributeError) as exc:
+            raise UserError(f"{self.state_path} is corrupted ({exc.__class__.__name__}: {exc}); "
+                            "restore it, or move it aside and start a new run") from None
+        for name in ("base_commit", "incumbent"):
+            sha = getattr(state, name)
+            if not gitops.commit_exists(self.repo, sha):
+                raise UserError(f"{self.state_path} names {name} {sha[:12]}, which is not a "
+                                "commit in this repository; restore the file or move it aside")
+        self._check_record(state)
+        return state
+
+    def _check_record(self, state: State) -> None:
+        """The table and the record must agree (one row per experiment; a row may lag its
+        record by one after a kill, which recovery completes)."""
+        recs, rows = self.records(), table.read_rows(self.table_path)
+        if len(rows) > len(recs) or len(rows) < len(recs) - 1:
+            raise UserError(f"{self.table_path} has {len(rows)} rows but {self.records_path} "
+                            f"has {len(recs)} experiments; one of them was edited or truncated "
+                            "by hand: restore it, or move the run aside with --new")
+
+    def save_state(self) -> None:
+        write_json(self.state_path, self.state.to_dict())
+
+    def all_records(self) -> list[records.Record]:
+        return records.load(self.records_path)
+
+    def records(self) -> list[records.Experiment]:
+        """The experiments (one per table row), without confirmations."""
+        return [r for r in self.all_records() if isinstance(r, records.Experiment)]
+
+    # ---- guards ------------------------------------------------------------------------
+    def ensure_sandbox_ignored(self) -> None:
+        """Keep sandbox/ out of git without touching a tracked file (.git/info/exclude)."""
+        probe = "sandbox/" + self.spec.name + "/perf_results.md"
+        if not self.repo.ignored(probe):
+            exclude = Path(self.repo.git_dir) / "info" / "exclude"
+            exclude.parent.mkdir(parents=True, exist_ok=True)
+            with open(exclude, "a", encoding="utf-8") as f:
+                f.write("\n/sandbox/\n")
+
+    def changes_outside_folder(self) -> list[str]:
+        return [p for p in gitops.status_paths(self.repo)
+                if not gitops.inside(p, self.folder_rel)]
+
+    def changes_inside_folder(self) -> list[str]:
+        return [p for p in gitops.status_paths(self.repo, untracked=True)
+                if gitops.inside(p, self.folder_rel)]
+
+    def require_no_outside_changes(self) -> None:
+        outside = self.changes_outside_folder()
+        if outside:
+            raise UserError(f"refused: uncommitted changes outside the kernel folder "
+                            f"{self.folder_rel}/ ({gitops.listing(outside)}); perfloop judges "
+                            "only edits inside it and has left everything as it was")
+
+    def require_on_branch(self) -> None:
+        branch = self.state.branch
+        if not gitops.branch_exists(self.repo, branch):
+            raise UserError(f"the run's branch {branch} no longer exists (its experiments are "
+                            f"under {gitops.REF_PREFIX}/{branch}/); start a new run with --new")
+        current = gitops.current_branch(self.repo)
+        if current != branch:
+            raise UserError(f"the run of '{self.spec.name}' lives on branch {branch}, "
+                            f"but {current} is checked out; `git checkout {branch}`")
+
+    def require_at_incumbent(self) -> None:
+        if gitops.head(self.repo) != self.state.incumbent:
+            raise UserError(f"branch {self.state.branch} has moved off the incumbent "
+                            f"{self.state.incumbent[:12]}; perfloop will not guess which "
+                            "commit to compare against")
+
+    def require_pinned(self) -> None:
+        """The judge, the manifest, the rules and what the judge imports are as pinned when
+        the run started; otherwise nothing is run, and the line names the file."""
+        st = self.state
+        manifest = f"{self.folder_rel}/{kernel.MANIFEST}"
+        if (self.spec.folder / kernel.MANIFEST).read_text(encoding="utf-8") != st.manifest:
+            raise UserError(f"refused: {manifest} is pinned for this run (judge, shapes, "
+                            "tolerances); undo the edit, or start a new run with --new")
+        judge = self.root / st.judge
+        if not judge.is_file() or not gitops.tracked(self.repo, [st.judge]) \
+                or sha256_file(judge) != st.judge_sha256:
+            raise UserError(f"refused: the judge {st.judge} is not the file pinned when the run "
+                            "started (changed, untracked or deleted); restore it")
+        if self.current_rules != self.playbook.rules:
+            raise UserError(f"refused: {self.playbook_dir / 'rules.toml'} differs from the "
+                            "rules pinned when the run started; restore it, or start a new run "
+                            "with --new")
+        shadows = pins.unpinned_modules(self.repo, self.root, judge, st.base_commit,
+                                         [self.spec.folder, self.root / "sandbox"])
+        if shadows:
+            raise UserError(f"refused: {gitops.listing(shadows)} could be imported by the "
+                            "judge and differs from the run's base commit (new, ignored or "
+                            "changed); remove or commit it outside a run")
+
+    # ---- derived views -----------------------------------------------------------------
+    def export_commit(self, sha: str, dest: Path) -> Path:
+        return gitops.export_folder(self.repo, sha, self.folder_rel, dest)
+
+    def incumbent_knobs(self) -> dict:
+        text = gitops.file_at(self.repo, self.state.incumbent, f"{self.folder_rel}/{kernel.KNOBS}")
+        if text is None:
+            raise UserError(f"the incumbent {self.state.incumbent[:12]} has no "
+                            f"{self.folder_rel}/{kernel.KNOBS}")
+        return kernel.parse_knobs(text, f"{self.folder_rel}/{kernel.KNOBS} at "
+                                        f"{self.state.incumbent[:12]}")
+
+    def ref_name(self, iteration: int, what: str = "iter") -> str:
+        return f"{gitops.REF_PREFIX}/{self.state.branch}/{what}-{iteration:02d}"
