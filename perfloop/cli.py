@@ -10,7 +10,8 @@ import traceback
 from pathlib import Path
 
 from perfloop import __version__
-from perfloop.commands import COMMANDS
+from perfloop.commands import bench, check, init, profile, report, run, status, step
+from perfloop.commands import next as next_command
 from perfloop.core import progress
 from perfloop.core.atomic import dumps
 from perfloop.core.errors import UserError
@@ -21,6 +22,10 @@ Make a cuTile kernel faster one measured experiment at a time. Each experiment c
 thing, runs the kernel's correctness tests, times it against the incumbent in the same
 process, commits, and keeps or reverts by the playbook's rules. Results go to
 sandbox/<kernel>/perf_results.md (the table) and experiments.jsonl (the full record)."""
+
+
+COMMANDS = {"run": run, "init": init, "step": step, "next": next_command, "status": status,
+            "report": report, "check": check, "bench": bench, "profile": profile}
 
 
 class ArgumentError(Exception):

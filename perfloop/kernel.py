@@ -1,8 +1,6 @@
-"""The public import path `perfloop.kernel` (kernels and judges use it): the same module
-as perfloop.core.kernel."""
+"""The public import path `perfloop.kernel` (kernels and scripts use it): the kernel contract
+(perfloop.core.kernel) and its manifest reader's load_spec."""
 
-import sys
-
-from perfloop.core import kernel as _module
-
-sys.modules[__name__] = _module
+from perfloop.core.kernel import *  # noqa: F403
+from perfloop.core.kernel import import_module, read_knobs, triton_competitor  # noqa: F401
+from perfloop.core.manifest import load_spec  # noqa: F401

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from perfloop.core.errors import UserError
-from perfloop.core.kernel import Shape, load_spec
+from perfloop.core.kernel import Shape
+from perfloop.core.manifest import load_spec
 
 CASES = """
 [[shapes]]

@@ -8,7 +8,7 @@ from perfloop.core.playbook import SHIPPED, load
 from perfloop.core.stats import Comparison
 from perfloop.core.vocab import StopReason
 from perfloop.plan import decide
-from perfloop.plan.decide import Outcome
+from perfloop.plan.decide import Evidence
 
 RULES = load(SHIPPED).rules
 
@@ -18,21 +18,21 @@ def faster(gain: float, halfwidth: float = 0.002, noise: float = 0.001) -> Compa
     return Comparison(ratio, ratio - halfwidth, ratio + halfwidth, noise)
 
 
-def outcome(head: Comparison, **others: Comparison) -> Outcome:
-    return Outcome(correct=True, comparisons={"head": head, **others}, headline="head")
+def outcome(head: Comparison, **others: Comparison) -> Evidence:
+    return Evidence(correct=True, comparisons={"head": head, **others}, headline="head")
 
 
-def verdict(o: Outcome, rules=RULES.decision) -> decide.Verdict:
+def verdict(o: Evidence, rules=RULES.decision) -> decide.Verdict:
     return decide.decide(o, rules)
 
 
 def test_correctness_failure_reverts_at_once():
-    v = verdict(Outcome(correct=False))
+    v = verdict(Evidence(correct=False))
     assert (v.status, v.correctness, v.improved) == ("revert", "FAIL", False)
 
 
 def test_crash_is_recorded_as_crash():
-    v = verdict(Outcome(crashed=True))
+    v = verdict(Evidence(crashed=True))
     assert v.status == "crash" and not v.improved
 
 
@@ -78,7 +78,7 @@ def test_a_gain_below_the_smallest_counted_is_no_improvement_however_tight():
 
 
 def test_faster_than_the_physical_floor_is_not_kept():
-    o = Outcome(correct=True, comparisons={"head": faster(0.3)}, headline="head",
+    o = Evidence(correct=True, comparisons={"head": faster(0.3)}, headline="head",
                 below_floor=("head",))
     v = verdict(o)
     assert v.status == "revert" and "floor" in v.reason
@@ -86,7 +86,7 @@ def test_faster_than_the_physical_floor_is_not_kept():
 
 def test_no_improvement_two_iterations_in_a_row_stops():
     kept = verdict(outcome(faster(0.06)))
-    none = verdict(Outcome(correct=False))
+    none = verdict(Evidence(correct=False))
     stop = RULES.stop
     assert decide.stop_reason(2, [kept, none], stop, remaining=5) is None
     streak = decide.stop_reason(3, [kept, none, none], stop, remaining=5)

@@ -402,7 +402,8 @@ def test_the_cuda_clock_runs_before_ahead_of_its_flush_pad_and_start_event():
 def test_the_shipped_kernels_declare_no_in_place_input_or_scratch(name):
     """So their timing is what it was: no restore, no extra launch argument."""
     pytest.importorskip("cuda.tile")
-    from perfloop.core.kernel import import_module, load_spec
+    from perfloop.core.kernel import import_module
+    from perfloop.core.manifest import load_spec
 
     root = Path(__file__).resolve().parent.parent
     module = import_module(root / "kernels" / name, f"shipped_{name}")

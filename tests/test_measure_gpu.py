@@ -10,7 +10,8 @@ import pytest
 from perfloop.child import ceilings, streams
 from perfloop.child import clock as measure
 from perfloop.core import envinfo, stats
-from perfloop.core.kernel import Shape, import_module, load_spec
+from perfloop.core.kernel import Shape, import_module
+from perfloop.core.manifest import load_spec
 from perfloop.core.playbook import SHIPPED, load
 
 pytestmark = pytest.mark.gpu

@@ -13,7 +13,7 @@ from html.parser import HTMLParser
 import pytest
 from conftest import Scratch, pythonpath
 
-from perfloop.plan.search import show_value
+from perfloop.core.naming import show_value
 from perfloop.report import review
 from perfloop.store import records
 

@@ -13,13 +13,13 @@ import pytest
 from perfloop.child import clock as measure
 from perfloop.core import dispatch, knobspace, vocab
 from perfloop.core.errors import UserError
-from perfloop.core.playbook import SHIPPED, Decision, Measure, Stop, load
+from perfloop.core.playbook import SHIPPED, DecisionRules, Measure, StopRules, load
 from perfloop.core.stats import Comparison
 from perfloop.core.vocab import Status, StopReason
 from perfloop.measure import phases
 from perfloop.plan import budget, decide, search
 
-RULES = Decision(keep_gain=0.05, minor_gain=0.02, regression_tolerance=0.01, family_penalty=10,
+RULES = DecisionRules(keep_gain=0.05, minor_gain=0.02, regression_tolerance=0.01, family_penalty=10,
                  floor_tolerance=0.1, min_gain=0.005)
 
 
@@ -80,7 +80,7 @@ def test_a_dispatch_is_decided_where_it_changed_and_only_if_a_held_back_shape_wa
     assert decide.dispatch_focus(summary, ["big", "small"], "head", "c") == "head"
     assert decide.dispatch_focus(summary, ["nowhere"], "head", "c") is None
     assert decide.ungeneralized(summary, ["big", "small"]) == ("small",)
-    outcome = decide.Outcome(correct=True, headline="guard", ungeneralized=("small",),
+    outcome = decide.Evidence(correct=True, headline="guard", ungeneralized=("small",),
                              comparisons={"guard": Comparison(0.8, 0.79, 0.81)})
     verdict = decide.decide(outcome, RULES)
     assert verdict.status is Status.REVERT and "held-back" in verdict.reason
@@ -605,7 +605,7 @@ def test_without_optuna_the_product_ranking_cuts_a_larger_space_and_says_so(monk
 
 
 # ---- stop rules -----------------------------------------------------------------------------
-STOP = Stop(no_improvement_streak=2, max_iterations=25, roofline_share=0.92)
+STOP = StopRules(no_improvement_streak=2, max_iterations=25, roofline_share=0.92)
 KEEP = decide.Verdict("keep", "PASS", "10% faster", 0.1, improved=True)
 MINOR = decide.Verdict("keep", "PASS", "1% faster: stop", 0.01, stop=True, improved=True)
 REVERT = decide.Verdict("revert", "PASS", "no improvement")
@@ -627,7 +627,7 @@ def test_searches_on_offer_hold_off_every_stop_but_the_limit_and_the_roofline():
 
 
 def test_a_run_stops_before_an_experiment_that_would_pass_its_time_budget():
-    timed = Stop(no_improvement_streak=2, max_iterations=25, time_budget_s=600)
+    timed = StopRules(no_improvement_streak=2, max_iterations=25, time_budget_s=600)
     # 400 s spent, the slowest 120 s: one more fits; at 500 s it would not, searches or not
     assert decide.stop_reason(3, [KEEP, KEEP], timed, 5, searches=1,
                               spent_s=(100, 180, 120)) is None
@@ -659,20 +659,19 @@ def test_an_experiment_over_what_is_left_of_the_budget_waits_behind_one_that_fit
     scratch.commit_all("a budget of 300 s")
     assert scratch.cli("init", "--kernel", "scripted")[0] == 0
     monkeypatch.chdir(scratch.path)
-    from perfloop.plan import suggest
-    from perfloop.run import experiment as iteration
+    from perfloop.plan import planner
+    from perfloop.run import planning
     from perfloop.store.session import Session
 
     code, out, err = scratch.cli("step", "--kernel", "scripted", "--opt", "fast_math")
     assert code == 0, err
     session = Session("scripted")
-    ranked = [sg.optimization.id for sg in suggest.suggestions(session)]
+    ranked = [sg.optimization.id for sg in planner.plan(planning.view(session))[1]]
     # 200 s spent in 4 experiments of 50 s: a step of 5 candidates is estimated at 50 x 7/3 s,
     # one of a single candidate at 50 s; 100 s are left
-    monkeypatch.setattr(suggest, "spent", lambda recs: [budget.Spent(budget.STEP, 50.0)] * 4)
-    fit = suggest.suggestions(session)
-    recs = session.records()
-    fits = {sg.optimization.id: suggest.estimate(session, recs, sg) <= 100 for sg in fit}
+    monkeypatch.setattr(planner, "spent", lambda recs: [budget.Spent(budget.STEP, 50.0)] * 4)
+    fit = planner.plan(planning.view(session))[1]
+    fits = {sg.optimization.id: planner.estimate(planning.view(session), sg) <= 100 for sg in fit}
     assert not fits[ranked[0]] and any(fits.values()), fits  # the first by rank does not fit
     assert sorted(sg.optimization.id for sg in fit) == sorted(ranked)
     fitting = [i for i in ranked if fits[i]]
@@ -680,11 +679,11 @@ def test_an_experiment_over_what_is_left_of_the_budget_waits_behind_one_that_fit
     assert all("left of the time budget" in sg.reason for sg in fit[len(fitting):])
     assert not any("left of the time budget" in sg.reason for sg in fit[:len(fitting)])
     # ... so the one that fits runs, and the run goes on
-    assert iteration._stop_after(session, session.records()[-1]) is None
+    assert planner.plan(planning.view(session))[0] is None
     # with 20 s left, none fits: the run stops, and says so
-    monkeypatch.setattr(suggest, "spent", lambda recs: [budget.Spent(budget.STEP, 70.0)] * 4)
-    assert [sg.optimization.id for sg in suggest.suggestions(session)] == ranked
-    stop = iteration._stop_after(session, session.records()[-1])
+    monkeypatch.setattr(planner, "spent", lambda recs: [budget.Spent(budget.STEP, 70.0)] * 4)
+    assert [sg.optimization.id for sg in planner.plan(planning.view(session))[1]] == ranked
+    stop = planner.plan(planning.view(session))[0]
     assert stop.reason is StopReason.TIME_BUDGET and stop.detail.endswith("(none on offer fits)")
 
 
@@ -698,8 +697,8 @@ def test_a_stop_held_off_by_the_searches_lets_no_catalog_step_in_ahead_of_them(
         code, out, err = scratch.cli("step", "--kernel", "scripted", "--opt", opt)
         assert code == 0 and out["experiment"]["status"] == "revert", err
     monkeypatch.chdir(scratch.path)
-    from perfloop.plan import suggest
-    from perfloop.run import experiment as iteration
+    from perfloop.plan import planner
+    from perfloop.run import planning
     from perfloop.store.session import Session
 
     session = Session("scripted")
@@ -707,15 +706,15 @@ def test_a_stop_held_off_by_the_searches_lets_no_catalog_step_in_ahead_of_them(
     # spent, 60 left: the catalog's tile step (30 s by the steps before) would fit, the joint
     # searches (150 s and more, by the one before) would not
     steps = [budget.Spent(budget.STEP, 30.0, timed=6)] * 3
-    monkeypatch.setattr(suggest, "spent",
+    monkeypatch.setattr(planner, "spent",
                         lambda recs: steps + [budget.Spent(budget.JOINT, 150.0, timed=5)])
-    offered = suggest.suggestions(session)
+    offered = planner.plan(planning.view(session))[1]
     ids = [sg.optimization.id for sg in offered]
     assert ids == ["joint", "bucket-joint", "tile_shape"], ids
     assert "left of the time budget" in offered[0].reason
     assert "left of the time budget" not in offered[-1].reason   # it would fit
     # the streak the searches held off ends the run, and says why now
-    stop = iteration._stop_after(session, session.records()[-1])
+    stop = planner.plan(planning.view(session))[0]
     assert stop.reason is StopReason.NO_IMPROVEMENT, stop
     assert "consecutive iterations" in stop.detail and "estimated at 150 s" in stop.detail
 
@@ -1095,14 +1094,15 @@ def test_a_config_that_wins_only_in_another_bucket_is_found_by_its_own_joint_sea
     # the bucket joint's 16 configs 16 x 1.7 s of screening and 50 x 6 / 3 s of the rest: 577 s
     # (at 30 s each: 357 s). The slowest-so-far rule saw 200 + 3 x 50 = 350 s: room enough
     monkeypatch.chdir(scratch.path)
-    from perfloop.plan import suggest
+    from perfloop.plan import planner
+    from perfloop.run import planning
     from perfloop.store.session import Session
 
     session = Session("scripted")
-    monkeypatch.setattr(suggest.decide, "stop_reason", lambda *a, **k: None)
+    monkeypatch.setattr(planner.decide, "stop_reason", lambda *a, **k: None)
     for each, first in ((30.0, False), (50.0, True)):
-        monkeypatch.setattr(suggest, "spent", lambda recs: [budget.Spent(budget.STEP, each)] * 4)
-        assert (suggest.suggestions(session)[0].optimization.id in search.IDS) is first, each
+        monkeypatch.setattr(planner, "spent", lambda recs: [budget.Spent(budget.STEP, each)] * 4)
+        assert (planner.plan(planning.view(session))[1][0].optimization.id in search.IDS) is first, each
     code, out, err = scratch.cli("step", "--kernel", "scripted", "--opt", "bucket-joint")
     assert code == 0, err
     rec = scratch.records()[-1]

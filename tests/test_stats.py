@@ -29,32 +29,32 @@ def test_noise_of_a_control_is_its_deviation_or_its_halfwidth():
 
 
 def test_floor_uses_the_tensor_peak_so_a_matmul_faster_than_cublas_is_not_broken():
-    from perfloop.child import ceilings
+    from perfloop.core import roofline
 
     env = {"sm": "sm_90", "sm_count": 132, "clock_sm_max": "1980"}
-    peak = ceilings.peak_tensor_tflops(env)
+    peak = roofline.peak_tensor_tflops(env)
     assert abs(peak - 132 * 1980e6 * 4096 / 1e12) < 1e-9
     measured = {"copy_gbps": 3000.0, "bf16_tflops": 772.0, "peak_tensor_tflops": peak}
     flops = 2 * 4096 ** 3
     # cuBLAS's own time (178 us) is above the floor, not at it
-    assert ceilings.floor_ms(0, flops, measured) < flops / 772e9
-    assert ceilings.floor_ms(0, flops, {**measured, "peak_tensor_tflops": None}) == flops / 772e9
-    assert ceilings.peak_tensor_tflops({"sm": "sm_75", "sm_count": 40, "clock_sm_max": "1500"}) is None
-    assert ceilings.peak_tensor_tflops({"sm": "sm_90", "clock_sm_max": "[N/A]", "sm_count": 1}) is None
+    assert roofline.floor_ms(0, flops, measured) < flops / 772e9
+    assert roofline.floor_ms(0, flops, {**measured, "peak_tensor_tflops": None}) == flops / 772e9
+    assert roofline.peak_tensor_tflops({"sm": "sm_75", "sm_count": 40, "clock_sm_max": "1500"}) is None
+    assert roofline.peak_tensor_tflops({"sm": "sm_90", "clock_sm_max": "[N/A]", "sm_count": 1}) is None
 
 
 def test_the_floor_leaves_out_the_writes_the_clock_cannot_see_and_uses_the_faster_bandwidth():
-    from perfloop.child import ceilings
+    from perfloop.core import roofline
 
     base = {"copy_gbps": 3000.0, "bandwidth_gbps": 3150.0, "bf16_tflops": 700.0,
             "peak_tensor_tflops": None}
     gb = 1e9
-    assert ceilings.floor_ms(gb, 0, base) == pytest.approx(gb / 3150e6)
+    assert roofline.floor_ms(gb, 0, base) == pytest.approx(gb / 3150e6)
     # up to one L2 (50 MB) of the last writes is written back after the window
-    assert ceilings.floor_ms(gb, 0, {**base, "l2_bytes": 50e6}) == pytest.approx(0.95e9 / 3150e6)
+    assert roofline.floor_ms(gb, 0, {**base, "l2_bytes": 50e6}) == pytest.approx(0.95e9 / 3150e6)
     # never more than half the bytes (the most a kernel can write of what it moves)
-    assert ceilings.floor_ms(60e6, 0, {**base, "l2_bytes": 50e6}) == pytest.approx(30e6 / 3150e6)
-    assert ceilings.floor_ms(gb, 0, {"copy_gbps": 3000.0, "bf16_tflops": 700.0}) == \
+    assert roofline.floor_ms(60e6, 0, {**base, "l2_bytes": 50e6}) == pytest.approx(30e6 / 3150e6)
+    assert roofline.floor_ms(gb, 0, {"copy_gbps": 3000.0, "bf16_tflops": 700.0}) == \
         pytest.approx(gb / 3000e6)   # ceilings measured before the add bandwidth existed
 
 

@@ -4,22 +4,22 @@ the CPU, with an H100's published facts standing in for a measured device."""
 import pytest
 from conftest import ROOT
 
-from perfloop.child import ceilings
-from perfloop.core import traffic
+from perfloop.core import roofline, traffic
 from perfloop.core.errors import UserError
-from perfloop.core.kernel import SHIPPED, Shape, import_module, load_spec
+from perfloop.core.kernel import SHIPPED, Shape, import_module
+from perfloop.core.manifest import load_spec
 from perfloop.core.playbook import SHIPPED as PLAYBOOK
 from perfloop.core.playbook import Classes, load
 from perfloop.plan import decide
 
 H100 = {"sm": "sm_90", "sm_count": 132, "clock_sm_max": "1980"}   # nvidia-smi's max SM clock
 H100_CEILINGS = {"copy_gbps": 3000.0, "bf16_tflops": 772.0,         # ~3.0e12 B/s measured copy
-                 "unit_peaks_tflops": ceilings.unit_peaks_tflops(H100)}
+                 "unit_peaks_tflops": roofline.unit_peaks_tflops(H100)}
 SHAPE = Shape("s", (4096,), "bfloat16", headline=True)
 
 
 def test_each_units_peak_is_sms_times_max_clock_times_its_rate_per_sm():
-    peaks = ceilings.unit_peaks_tflops(H100)
+    peaks = roofline.unit_peaks_tflops(H100)
     per_clock = 132 * 1980e6 / 1e12
     assert peaks["tensor.bf16"] == pytest.approx(4096 * per_clock)       # 1070 TFLOP/s
     assert peaks["tensor.fp16"] == peaks["tensor.bf16"]
@@ -27,14 +27,14 @@ def test_each_units_peak_is_sms_times_max_clock_times_its_rate_per_sm():
     assert peaks["tensor.fp8"] == pytest.approx(peaks["tensor.bf16"] * 2)
     assert peaks["fp32"] == pytest.approx(256 * per_clock)               # 66.9 TFLOP/s
     assert peaks["sfu"] == pytest.approx(16 * per_clock)                 # 4.18 T results/s
-    assert ceilings.peak_tensor_tflops(H100) == peaks["tensor.bf16"]
-    a100 = ceilings.unit_peaks_tflops({"sm": "sm_80", "sm_count": 108, "clock_sm_max": "1410"})
+    assert roofline.peak_tensor_tflops(H100) == peaks["tensor.bf16"]
+    a100 = roofline.unit_peaks_tflops({"sm": "sm_80", "sm_count": 108, "clock_sm_max": "1410"})
     assert a100["tensor.bf16"] == pytest.approx(311.9, abs=0.1) and "tensor.fp8" not in a100
     assert a100["fp32"] == pytest.approx(19.5, abs=0.05)
-    b200 = ceilings.unit_peaks_tflops({"sm": "sm_100", "sm_count": 148, "clock_sm_max": "1965"})
+    b200 = roofline.unit_peaks_tflops({"sm": "sm_100", "sm_count": 148, "clock_sm_max": "1965"})
     assert b200["tensor.fp8"] == pytest.approx(2 * b200["tensor.bf16"])
-    assert ceilings.unit_peaks_tflops({"sm": "sm_75", "sm_count": 40, "clock_sm_max": "1500"}) == {}
-    assert ceilings.unit_peaks_tflops({"sm": "sm_90", "clock_sm_max": "[N/A]", "sm_count": 1}) == {}
+    assert roofline.unit_peaks_tflops({"sm": "sm_75", "sm_count": 40, "clock_sm_max": "1500"}) == {}
+    assert roofline.unit_peaks_tflops({"sm": "sm_90", "clock_sm_max": "[N/A]", "sm_count": 1}) == {}
 
 
 def test_both_forms_of_traffic_read_as_work_per_unit():
@@ -88,42 +88,42 @@ def test_floor_is_the_longest_of_the_bytes_and_each_units_operations():
     ceil = {**H100_CEILINGS, "l2_bytes": 0}
     peaks = ceil["unit_peaks_tflops"]
     gb = 1e9
-    assert ceilings.floor_ms(gb, {}, ceil) == pytest.approx(gb / 3000e6)
+    assert roofline.floor_ms(gb, {}, ceil) == pytest.approx(gb / 3000e6)
     # each unit alone, at its own peak: an exp-heavy kernel is bound by the SFUs
     sfu = 5e10
-    assert ceilings.floor_ms(gb, {"sfu": sfu}, ceil) == pytest.approx(sfu / (peaks["sfu"] * 1e9))
+    assert roofline.floor_ms(gb, {"sfu": sfu}, ceil) == pytest.approx(sfu / (peaks["sfu"] * 1e9))
     fp32 = 1e12
-    assert ceilings.floor_ms(gb, {"fp32": fp32}, ceil) == pytest.approx(fp32 / (peaks["fp32"] * 1e9))
+    assert roofline.floor_ms(gb, {"fp32": fp32}, ceil) == pytest.approx(fp32 / (peaks["fp32"] * 1e9))
     tf32 = 2e14
-    assert ceilings.floor_ms(0, {"tensor.tf32": tf32}, ceil) == \
-        pytest.approx(2 * ceilings.floor_ms(0, {"tensor.bf16": tf32}, ceil))
+    assert roofline.floor_ms(0, {"tensor.tf32": tf32}, ceil) == \
+        pytest.approx(2 * roofline.floor_ms(0, {"tensor.bf16": tf32}, ceil))
     # the units run concurrently: the longest one, not their sum
-    both = ceilings.floor_ms(gb, {"sfu": sfu, "fp32": fp32}, ceil)
+    both = roofline.floor_ms(gb, {"sfu": sfu, "fp32": fp32}, ceil)
     assert both == pytest.approx(max(sfu / peaks["sfu"], fp32 / peaks["fp32"]) / 1e9)
     # the old number of FLOPs is bf16 tensor-core work
-    assert ceilings.floor_ms(0, 2 * 4096 ** 3, ceil) == \
-        ceilings.floor_ms(0, {"tensor.bf16": 2 * 4096 ** 3}, ceil)
+    assert roofline.floor_ms(0, 2 * 4096 ** 3, ceil) == \
+        roofline.floor_ms(0, {"tensor.bf16": 2 * 4096 ** 3}, ceil)
     # the L2 write-back correction applies to the bytes of either form
-    assert ceilings.floor_ms(gb, {"fp32": 1}, {**ceil, "l2_bytes": 50e6}) == \
+    assert roofline.floor_ms(gb, {"fp32": 1}, {**ceil, "l2_bytes": 50e6}) == \
         pytest.approx(0.95e9 / 3000e6)
 
 
 def test_floor_without_the_architectures_rates_stays_a_lower_bound():
     measured = {"copy_gbps": 3000.0, "bf16_tflops": 700.0}   # an unknown architecture
     f = 7e14
-    assert ceilings.floor_ms(0, {"tensor.bf16": f}, measured) == pytest.approx(f / 700e9)
-    assert ceilings.floor_ms(0, {"tensor.tf32": f}, measured) == pytest.approx(f / 700e9)
+    assert roofline.floor_ms(0, {"tensor.bf16": f}, measured) == pytest.approx(f / 700e9)
+    assert roofline.floor_ms(0, {"tensor.tf32": f}, measured) == pytest.approx(f / 700e9)
     # no peak known for these units: only the bytes bound the floor
-    assert ceilings.floor_ms(3e9, {"fp32": 1e15, "sfu": 1e15, "tensor.fp8": 1e15}, measured) == \
+    assert roofline.floor_ms(3e9, {"fp32": 1e15, "sfu": 1e15, "tensor.fp8": 1e15}, measured) == \
         pytest.approx(1.0)
     # an architecture without the unit (fp8 on sm_80) does not bound it either
-    a100 = {"copy_gbps": 1500.0, "unit_peaks_tflops": ceilings.unit_peaks_tflops(
+    a100 = {"copy_gbps": 1500.0, "unit_peaks_tflops": roofline.unit_peaks_tflops(
         {"sm": "sm_80", "sm_count": 108, "clock_sm_max": "1410"})}
-    assert ceilings.floor_ms(1.5e9, {"tensor.fp8": 1e15}, a100) == pytest.approx(1.0)
+    assert roofline.floor_ms(1.5e9, {"tensor.fp8": 1e15}, a100) == pytest.approx(1.0)
 
 
 def _classify(nbytes, flops, ceil=H100_CEILINGS, bounds=Classes()):
-    peaks, bandwidth = ceilings.roofline(ceil, flops)
+    peaks, bandwidth = roofline.roofline(ceil, flops)
     return decide.classify(nbytes, flops, peaks, bandwidth, bounds)
 
 
@@ -186,7 +186,7 @@ def test_shipped_kernels_keep_their_classes_on_an_h100(name):
     assert got.name == EXPECTED[name], got.basis
     # the fixed bounds, from the same total, agree: the class did not change with the units
     assert decide.classify(done.bytes, done.total_flops).name == EXPECTED[name]
-    floor = ceilings.floor_ms(done.bytes, done.flops, {**H100_CEILINGS, "l2_bytes": 0})
+    floor = roofline.floor_ms(done.bytes, done.flops, {**H100_CEILINGS, "l2_bytes": 0})
     if name == "matmul":   # 2 x 4096^3 at the bf16 tensor peak
         assert set(done.flops) == {"tensor.bf16"}
         assert floor == pytest.approx(2 * 4096 ** 3 / (132 * 1980e6 * 4096) * 1e3)

@@ -20,9 +20,8 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent.parent))
 
-from perfloop import stats  # noqa: E402
-from perfloop.child import clock as measure
-from perfloop.core import autotune
+from perfloop.child import clock  # noqa: E402
+from perfloop.core import autotune, stats  # noqa: E402
 from perfloop.core.kernel import Shape, import_module, load_spec, read_knobs  # noqa: E402
 from perfloop.core.playbook import SHIPPED, load  # noqa: E402
 
@@ -87,7 +86,7 @@ def main() -> None:
               f"fixed-config wrapper {host_fixed:.1f} us, tuned wrapper {host_tuned:.1f} us "
               f"(autotune's own cost {host_tuned - host_fixed:+.1f} us)")
 
-        timed = measure.alternating(measure.CudaClock(), {
+        timed = clock.alternating(clock.CudaClock(), {
             "plain": plain_for(head, out), "tuned": lambda: again(head, out)},
             load(SHIPPED).rules.measure)
         medians = {k: [statistics.median(r) for r in v] for k, v in timed.rounds.items()}

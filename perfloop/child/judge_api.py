@@ -12,8 +12,8 @@ from pathlib import Path
 
 from perfloop.child import judge_plugin
 from perfloop.core import hooks, outputs
-from perfloop.core.kernel import Shape, import_module, read_toml
-from perfloop.core.playbook import freeze
+from perfloop.core.kernel import Shape, import_module
+from perfloop.core.playbook import freeze, read_toml
 
 
 def requested_variants() -> list[dict] | None:

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from perfloop.child import ceilings, clock, lifeline, streams, tamper
-from perfloop.core import envinfo, hooks, outputs, stats, traffic
+from perfloop.core import envinfo, hooks, outputs, roofline, stats, traffic
 from perfloop.core.atomic import digest, write_json
 from perfloop.core.errors import UserError
 from perfloop.core.kernel import Shape, import_module
@@ -306,7 +306,7 @@ class Worker:
                 self._fail(label, f"at {shape.name} the checked launches, on fresh inputs, took "
                                   f"{ratio:.2f}x the others: its results look cached")
         done = traffic.of(self.contract, shape, Path(self.spec["contract_folder"]).name)
-        floor = ceilings.floor_ms(done.bytes, done.flops, self.ceilings) if self.ceilings else None
+        floor = roofline.floor_ms(done.bytes, done.flops, self.ceilings) if self.ceilings else None
         bucket = self.contract.bucket(inputs) if hasattr(self.contract, "bucket") else None
         return {"bytes": done.bytes, "flops": done.total_flops, "flops_by_unit": done.flops,
                 "floor_ms": floor, "bucket": bucket,

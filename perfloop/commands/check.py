@@ -1,10 +1,10 @@
 import time
 
-from perfloop.core import dispatch, knobspace, progress, traffic, variants
+from perfloop.core import dispatch, knobspace, naming, progress, traffic, variants
 from perfloop.core.errors import UserError
-from perfloop.core.kernel import find_folder, import_module, load_spec
+from perfloop.core.kernel import find_folder, import_module
+from perfloop.core.manifest import load_spec
 from perfloop.core.playbook import load, resolve_dir, thaw
-from perfloop.plan import search
 from perfloop.store import gitops
 
 HELP = "compile every variant the playbook can produce, ahead of time, without a GPU"
@@ -50,7 +50,7 @@ def execute(args):
     with progress.task("compile", total=len(archs) * len(combos)) as bar:
         for arch in archs:
             for knobs in combos:
-                bar.update(f"{arch} " + " ".join(f"{k}={search.show_value(thaw(v))}"
+                bar.update(f"{arch} " + " ".join(f"{k}={naming.show_value(thaw(v))}"
                                                  for k, v in knobs.items())[:70])
                 try:
                     _compile(module, knobs, spec.shapes, arch)

@@ -1,9 +1,8 @@
 import json
 
 from perfloop.core.playbook import MULTI, thaw
-from perfloop.measure import profiling
-from perfloop.plan.suggest import suggestions
 from perfloop.report import views
+from perfloop.run import planning
 from perfloop.store.session import Session
 
 HELP = "the playbook's ranked suggestions for this kernel, skipping what was tried"
@@ -22,7 +21,7 @@ def add_arguments(p):
 
 def _profile(s: Session) -> dict | None:
     """Which profile the ranking used, or why a recorded one was not used."""
-    data = profiling.recorded(s)
+    data = s.profile(of_incumbent=False)
     if data is None:
         return None
     used = data.get("commit") == s.state.incumbent
@@ -42,7 +41,7 @@ def _moves(sg) -> list[str]:
 
 def execute(args):
     s = Session(args.kernel, args.playbook)
-    ranked = suggestions(s)
+    ranked = planning.offered(s)
     return {"kernel_class": s.state.kernel_class or None, **views.stop_fields(s.state.stop),
             "profile": _profile(s),
             "suggestions": [{"id": sg.optimization.id, "title": sg.optimization.title,

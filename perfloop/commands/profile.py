@@ -1,4 +1,4 @@
-from perfloop.commands.run import non_negative
+from perfloop.commands.options import non_negative
 from perfloop.core import progress
 from perfloop.measure import profiling
 from perfloop.store.session import Session

@@ -4,10 +4,9 @@ from pathlib import Path
 
 from perfloop.core.atomic import write_bytes, write_text
 from perfloop.core.errors import UserError
+from perfloop.core.naming import show_patch, show_value
 from perfloop.core.vocab import Correctness, Status
-from perfloop.plan.search import show_patch, show_value
 from perfloop.report import review, views
-from perfloop.run import confirm
 from perfloop.store.session import Session
 
 HELP = "a reviewer's summary of the run: the kept changes, the speedup, each shape against its floor"
@@ -89,7 +88,7 @@ def execute(args):
     head = s.spec.headline.name
     kept = [r for r in recs if r.status == Status.KEEP]
     final = review.incumbent_record(recs, st.incumbent) or (kept[-1] if kept else None)
-    confirmation = confirm.latest(s)
+    confirmation = s.confirmation()
     bench, bench_info, bench_problem = _bench(s, final.knobs if final else None)
     profile, profile_problem = _read_json(s.sandbox / PROFILE)
     shapes = review.shapes(recs, [sh.name for sh in s.spec.shapes], st.incumbent, confirmation,

@@ -1,6 +1,6 @@
-import argparse
 import sys
 
+from perfloop.commands.options import non_negative
 from perfloop.core import progress
 from perfloop.core.errors import UserError
 from perfloop.core.vocab import Status, StopReason
@@ -33,14 +33,6 @@ def add_arguments(p):
                         "(`perfloop profile`), so the next suggestions rank by it")
 
 
-def non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
-    return value
 
 
 def execute(args):

@@ -5,10 +5,10 @@ from perfloop.core.errors import UserError
 from perfloop.core.playbook import freeze, thaw
 from perfloop.core.vocab import Kind
 from perfloop.plan import decide, search
-from perfloop.plan.suggest import searches, suggestions
+from perfloop.plan.planner import searches
+from perfloop.plan.proposal import Proposal
 from perfloop.report import views
-from perfloop.run import confirm, experiment, loop
-from perfloop.run.experiment import Proposal
+from perfloop.run import confirm, experiment, loop, planning
 from perfloop.store.session import Session, require_gpu
 
 HELP = "one iteration: a playbook optimization (--opt), or your own edits (--describe)"
@@ -40,7 +40,7 @@ def _parse_value(text: str):
 
 
 def _search_proposal(s: Session, opt_id: str, value_text: str | None) -> Proposal:
-    found = next((sg for sg in searches(s) if sg.optimization.id == opt_id), None)
+    found = next((sg for sg in searches(planning.view(s)) if sg.optimization.id == opt_id), None)
     if found is None:
         why = ("the last experiment won on no bucket of shapes against what is in force"
                if opt_id == search.DISPATCH else "fewer than two knobs have values worth "
@@ -117,12 +117,13 @@ def execute(args):
         if s.spec.requires_gpu:
             require_gpu()
         record = experiment.run(s, proposal)
+        planning.settle(s)
     if s.state.stop:
         confirm.ensure(s)
     st = views.status(s)
     return {"experiment": views.experiment(record), "incumbent": st["incumbent"],
             "stopped": st["stopped"], "stopped_by": st["stopped_by"],
-            "next": [sg.optimization.id for sg in suggestions(s)][:3]}
+            "next": [sg.optimization.id for sg in planning.offered(s)][:3]}
 
 
 def render(r):

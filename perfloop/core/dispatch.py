@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from perfloop.core.playbook import freeze
+from perfloop.core.values import freeze
 
 KEY = "dispatch"
 

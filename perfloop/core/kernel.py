@@ -22,7 +22,8 @@ A kernel folder holds
                dtype), a tolerance per output and shape over kernel.toml's per-dtype one;
                optionally canonical(knobs) -> knobs, with what the kernel ignores set to one
                value (perfloop.core.knobspace: such candidates are never proposed).
-README.md ("Writing a kernel") documents it for users.
+kernel.toml is read by perfloop.core.manifest (load_spec; public as perfloop.kernel.load_spec);
+docs/writing-a-kernel.md documents the contract for users.
 """
 
 from __future__ import annotations
@@ -30,15 +31,15 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
-import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from perfloop.core.errors import UserError
-from perfloop.core.playbook import candidates_key, freeze, patch_values, read_toml, thaw
+from perfloop.core.values import freeze, thaw
 
 SHIPPED = Path(__file__).resolve().parents[2] / "kernels"
 MANIFEST, KNOBS, MODULE = "kernel.toml", "knobs.json", "kernel.py"
+TOLERANCE_KEYS = ("rtol", "atol", "max_rel_err")
 
 
 @dataclass(frozen=True)
@@ -157,132 +158,6 @@ def find_folder(arg: str, repo_root: Path | None) -> Path:
         others = "perfloop's example kernels are in its source repository"
     raise UserError(f"unknown kernel '{arg}': no kernels/{arg}/{MANIFEST} in this repository "
                     f"({others}; or give a folder path)")
-
-
-TOLERANCE_KEYS = ("rtol", "atol", "max_rel_err")
-
-
-def _number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def load_spec(folder: Path, repo_root: Path, text: str | None = None) -> KernelSpec:
-    """The kernel's manifest: from `text` (a run's pinned copy) or the folder's kernel.toml."""
-    manifest_path = folder / MANIFEST
-    for needed in (MANIFEST, MODULE, KNOBS):
-        if not (folder / needed).is_file():
-            raise UserError(f"{folder} is not a kernel folder: it has no {needed}")
-    if text is None:
-        manifest = read_toml(manifest_path, "kernel manifest")
-        text = manifest_path.read_text(encoding="utf-8")
-    else:
-        try:
-            manifest = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise UserError(f"kernel manifest {manifest_path} is not valid TOML: {exc}") from None
-
-    def bad(what: str) -> UserError:
-        return UserError(f"{manifest_path}: {what}")
-
-    try:
-        shapes = tuple(_shape(s) for s in manifest["shapes"])
-        judge_rel = manifest["judge"]
-        name = manifest.get("name", folder.name)
-    except _BadTable as exc:
-        raise bad(str(exc)) from None
-    except (KeyError, TypeError, ValueError) as exc:
-        raise bad(f"needs a judge and [[shapes]] with name, dims and dtype "
-                  f"({exc.__class__.__name__}: {exc})") from None
-    if not isinstance(name, str) or not name or "/" in name:
-        raise bad("name must be a non-empty string without '/'")
-    if not isinstance(judge_rel, str):
-        raise bad("judge must be a path string")
-    def check(s: Shape) -> None:
-        if not isinstance(s.name, str) or not isinstance(s.dtype, str):
-            raise bad(f"shape {s.name!r}: name and dtype must be strings")
-        if not s.dims or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0
-                                 for d in s.dims):
-            raise bad(f"shape {s.name}: dims must be a list of positive integers")
-        if not isinstance(s.headline, bool):
-            raise bad(f"shape {s.name}: headline must be true or false")
-        if not all(isinstance(k, str) and isinstance(v, (bool, int, float, str))
-                   for k, v in s.param_items):
-            raise bad(f"shape {s.name}: params maps names to numbers, strings or booleans")
-        if not all(isinstance(k, str) and isinstance(v, str) for k, v in s.dtype_items):
-            raise bad(f"shape {s.name}: dtypes maps tensor names to dtype names, e.g. "
-                      '{ w = "float32" }')
-
-    for s in shapes:
-        check(s)
-    held = manifest.get("held_back")
-    try:
-        held_back = (tuple(derived_held_back(s) for s in shapes) if held is None else
-                     tuple(_shape(s, held_back=True) for s in held))
-    except _BadTable as exc:
-        raise bad(str(exc)) from None
-    except (KeyError, TypeError, ValueError) as exc:
-        raise bad(f"each [[held_back]] shape needs name, dims and dtype "
-                  f"({exc.__class__.__name__}: {exc})") from None
-    for s in held_back:
-        check(s)
-    names = [s.name for s in shapes + held_back]
-    duplicates = sorted({n for n in names if names.count(n) > 1})
-    if duplicates:
-        raise bad(f"shape names must be unique ({', '.join(duplicates)} is used twice)")
-    if sum(s.headline for s in shapes) != 1:
-        raise bad("exactly one shape must have headline = true")
-    requires_gpu = manifest.get("requires_gpu", True)
-    if not isinstance(requires_gpu, bool):
-        raise bad(f"requires_gpu must be true or false, not {requires_gpu!r}")
-    tolerance = manifest.get("tolerance", {})
-    if not isinstance(tolerance, dict) or not all(
-            isinstance(t, dict) and set(t) == set(TOLERANCE_KEYS) and all(map(_number, t.values()))
-            for t in tolerance.values()):
-        raise bad("each [tolerance.<dtype>] table needs numbers rtol, atol and max_rel_err")
-    candidates = manifest.get("candidates", {})
-    if not isinstance(candidates, dict) or not all(isinstance(v, list) and v
-                                                   for v in candidates.values()):
-        raise bad("[candidates] maps knob names to non-empty lists of values")
-    tags = manifest.get("tags", [])
-    if not isinstance(tags, list) or not all(isinstance(t, str) and t for t in tags):
-        raise bad("tags must be a list of names, e.g. [\"reduction\"]")
-    judge = (repo_root / judge_rel).resolve()
-    if not judge.is_file():
-        raise bad(f"judge {judge_rel} does not exist")
-    if folder in judge.parents:
-        raise bad("the judge must live outside the kernel folder, since the loop may change "
-                  "everything inside it")
-    frozen = {}
-    knobs_path = folder / KNOBS
-    known = read_knobs(knobs_path) if knobs_path.is_file() else None
-    for key, vals in candidates.items():  # "a+b": an entry's values moving a and b together
-        together = tuple(key.split("+")) if "+" in key else ()
-        unknown = [k for k in together or (key,) if known is not None and k not in known]
-        if unknown:
-            raise bad(f"[candidates] {key}: {KNOBS} has no knob '{unknown[0]}'")
-        try:
-            frozen[candidates_key(together) if together else key] = (
-                patch_values(vals, together, f"[candidates] {key}") if together
-                else tuple(freeze(v) for v in vals))
-        except UserError as exc:
-            raise bad(str(exc)) from None
-    return KernelSpec(name, folder, judge, shapes, frozen,
-                      requires_gpu, tolerance, judge_rel, text, tuple(tags), held_back)
-
-
-class _BadTable(Exception):
-    """A shape's params or dtypes is no table: said as such, not as a missing field."""
-
-
-def _shape(raw: dict, held_back: bool = False) -> Shape:
-    """A [[shapes]] or [[held_back]] table of kernel.toml."""
-    for table in ("params", "dtypes"):
-        if not isinstance(raw.get(table, {}), dict):
-            raise _BadTable(f"shape {raw.get('name')}: {table} must be a table, e.g. "
-                            f"{table} = {{ ... }}")
-    return Shape(raw["name"], tuple(raw["dims"]), raw["dtype"],
-                 False if held_back else raw.get("headline", False), held_back,
-                 _items(raw.get("params")), _items(raw.get("dtypes")))
 
 
 def import_module(folder: Path, tag: str, file: str = MODULE):

@@ -17,7 +17,7 @@ from typing import Callable
 from perfloop.core import dispatch
 from perfloop.core.errors import UserError
 from perfloop.core.kernel import MODULE, import_module
-from perfloop.core.playbook import freeze
+from perfloop.core.values import freeze
 
 Same = Callable[[dict, dict], bool]
 

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from perfloop.core.errors import UserError
+from perfloop.core.values import freeze, thaw  # noqa: F401 (public: perfloop.playbook.freeze)
+from perfloop.core.vocab import MULTI  # noqa: F401 (perfloop.playbook.MULTI)
 
 CLASSES = ("memory-bound", "balanced", "compute-bound")
 # the repository's playbook/ in a source checkout (or an editable install); the copy installed
@@ -52,7 +54,7 @@ class Optimization:
 
 
 @dataclass(frozen=True)
-class Decision:
+class DecisionRules:
     keep_gain: float
     minor_gain: float
     regression_tolerance: float
@@ -62,7 +64,7 @@ class Decision:
 
 
 @dataclass(frozen=True)
-class Stop:
+class StopRules:
     no_improvement_streak: int
     max_iterations: int
     roofline_share: float | None = None  # stop when every shape is this close to its floor
@@ -120,8 +122,8 @@ class Classes:
 
 @dataclass(frozen=True)
 class Rules:
-    decision: Decision
-    stop: Stop
+    decision: DecisionRules
+    stop: StopRules
     iteration_timeout_s: float
     stall_timeout_s: float
     measure: Measure
@@ -211,7 +213,6 @@ def _optimization(raw: dict, path: Path) -> Optimization:
     return opt
 
 
-MULTI = "*"   # the knob of an optimization whose values are {knob: value} patches
 
 
 def candidates_key(knobs) -> str:
@@ -228,19 +229,11 @@ def patch_values(values: list, knobs: tuple, where: str) -> tuple[dict, ...]:
     return tuple({k: freeze(v[k]) for k in knobs} for v in values)
 
 
-def freeze(value):
-    """JSON and TOML arrays become tuples, so knob values can be compared and hashed."""
-    return tuple(freeze(v) for v in value) if isinstance(value, list) else value
-
-
-def thaw(value):
-    """The inverse of freeze, for JSON."""
-    return [thaw(v) for v in value] if isinstance(value, tuple) else value
 
 
 def rules_from_dict(raw: dict, where: str = "pinned rules") -> Rules:
     try:
-        return Rules(decision=Decision(**raw["decision"]), stop=Stop(**raw["stop"]),
+        return Rules(decision=DecisionRules(**raw["decision"]), stop=StopRules(**raw["stop"]),
                      iteration_timeout_s=raw["iteration_timeout_s"],
                      stall_timeout_s=raw["stall_timeout_s"], measure=Measure(**raw["measure"]),
                      verify=Verify(**raw["verify"]), search=_search(raw.get("search", {})),
@@ -301,8 +294,8 @@ def load(directory: Path) -> Playbook:
         raise UserError(f"{catalog_path}: optimization ids must be unique")
     limits = _typed(Limits, rules, "limits", rules_path)
     parsed = Rules(
-        decision=_typed(Decision, rules, "decision", rules_path),
-        stop=_typed(Stop, rules, "stop", rules_path),
+        decision=_typed(DecisionRules, rules, "decision", rules_path),
+        stop=_typed(StopRules, rules, "stop", rules_path),
         iteration_timeout_s=float(limits.iteration_timeout_s),
         stall_timeout_s=float(limits.stall_timeout_s),
         measure=_typed(Measure, rules, "measure", rules_path),

@@ -13,6 +13,8 @@ from enum import StrEnum
 # The labels of the two variants every timing holds beside the candidates: the incumbent, and
 # the incumbent again in its own build (the A/A control, whose difference is the noise).
 INCUMBENT, CONTROL = "incumbent", "incumbent-again"
+# The knob of an optimization whose values are {knob: value} patches (several knobs at once).
+MULTI = "*"
 
 
 class Kind(StrEnum):

@@ -17,7 +17,7 @@ from perfloop.measure import ncu, phases, process
 from perfloop.plan import profile_rank
 from perfloop.store.session import Session, require_gpu
 
-PROFILE = "profile.json"
+PROFILE = "profile.json"  # (Session.profile reads it)
 SCHEMA = 1
 TRIES = 8   # each try may drop the metrics ncu says it does not know (it may name one a try)
 
@@ -26,19 +26,8 @@ class Failed(Exception):
     """ncu ran but gave nothing usable: the command answers with exit status 1."""
 
 
-def recorded(s: Session) -> dict | None:
-    """The last profile of this kernel's run, if a readable one is recorded."""
-    try:
-        data = json.loads((s.sandbox / PROFILE).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return None
-    return data if isinstance(data, dict) and isinstance(data.get("metrics"), dict) else None
 
 
-def of_incumbent(s: Session) -> dict | None:
-    """The recorded profile, if it profiled the current incumbent (an older one is stale)."""
-    data = recorded(s)
-    return data if data is not None and data.get("commit") == s.state.incumbent else None
 
 
 def _read(path: Path) -> str:

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from perfloop.plan.search import BUCKET_JOINT
-from perfloop.plan.search import DISPATCH as DISPATCH_ID
-from perfloop.plan.search import JOINT as JOINT_ID
+from perfloop.core.naming import BUCKET_JOINT
+from perfloop.core.naming import DISPATCH as DISPATCH_ID
+from perfloop.core.naming import JOINT as JOINT_ID
 
 STEP, DISPATCH, JOINT = "step", "dispatch", "joint"
 

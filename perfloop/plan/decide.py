@@ -10,14 +10,13 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from perfloop.core import vocab
-from perfloop.core.playbook import Classes, Optimization, Stop
-from perfloop.core.playbook import Decision as DecisionRules
+from perfloop.core.playbook import Classes, DecisionRules, Optimization, StopRules
 from perfloop.core.stats import Comparison, compare
 from perfloop.core.vocab import Correctness, Status, StopReason
 
 
 @dataclass(frozen=True)
-class Outcome:
+class Evidence:
     """What one experiment measured, as the decision needs it."""
 
     crashed: bool = False
@@ -53,7 +52,7 @@ def _regression(c: Comparison, tolerance: float) -> bool:
     return c.ci_low > 1.0 and (c.ratio - 1.0) > max(tolerance, c.noise)
 
 
-def decide(outcome: Outcome, rules: DecisionRules) -> Verdict:
+def decide(outcome: Evidence, rules: DecisionRules) -> Verdict:
     if outcome.crashed:
         return Verdict(Status.CRASH, Correctness.NOT_JUDGED,
                        "the experiment crashed or ran past its time limit")
@@ -94,7 +93,7 @@ def decide(outcome: Outcome, rules: DecisionRules) -> Verdict:
                    stop=True, improved=True)
 
 
-def stop_reason(iteration: int, verdicts: list[Verdict], rules: Stop, remaining: int,
+def stop_reason(iteration: int, verdicts: list[Verdict], rules: StopRules, remaining: int,
                 searched: list[bool] | None = None, searches: int = 0,
                 floor_shares: dict[str, float] | None = None,
                 spent_s: tuple[float, ...] = (), next_s: float | None = None

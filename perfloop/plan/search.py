@@ -23,13 +23,19 @@ from dataclasses import dataclass
 from typing import Callable
 
 from perfloop.core import dispatch, playbook
+from perfloop.core.naming import (
+    BUCKET_JOINT,
+    DISPATCH,
+    JOINT,
+    SEARCH_IDS,
+    show_patch,
+)
 from perfloop.core.playbook import CLASSES, Optimization, freeze, thaw
 from perfloop.core.vocab import INCUMBENT, Correctness, Kind, Outcome, Status
 from perfloop.plan import decide
 
-DISPATCH, JOINT, BUCKET_JOINT = "dispatch", "joint", "bucket-joint"
 MULTI = playbook.MULTI  # the knob of an optimization whose values are {knob: value} patches
-IDS = (DISPATCH, JOINT, BUCKET_JOINT)
+IDS = SEARCH_IDS
 ALL, TPE, RANKING = "all", "tpe", "product-ranking"   # what chose a joint search's configs
 
 
@@ -117,15 +123,8 @@ def dispatch_changes(recs: list[dict], incumbent: str, knobs: dict,
     return table, "; ".join(said), (f"{', '.join(gains)} in iteration {record['iteration']}")
 
 
-def show_value(value) -> str:
-    if isinstance(value, (list, tuple)):
-        return "x".join(str(v) for v in value)
-    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def show_patch(patch: dict) -> str:
-    """knob=value, ... in the knobs' order (as a record, whose keys are sorted, gives them)."""
-    return ", ".join(f"{k}={show_value(v)}" for k, v in sorted(patch.items()))
 
 
 def _with_incumbent(recs: list[dict], knobs: dict):
@@ -266,12 +265,28 @@ def joint_plan(recs: list[dict], knobs: dict, headline: str, margin: float,
     shape = at or headline
     measured = _measured(recs, shape)
     in_force = dispatch.knobs_for(knobs, headline_bucket(recs, shape) or "")
+    cliffs = _cliffs(recs)
+    space = _joint_space(measured, in_force, cliffs, margin, interactions)
+    where = {"shape": at, "bucket": headline_bucket(recs, at)} if at else {}
+    if len(space) < 2 or max_configs <= 0:
+        return JointPlan([], **where)
+    names = sorted(space)
+    changes = _ranked_changes(space, names, measured, in_force, cliffs, interactions, worth)
+    if len(changes) <= max_configs:
+        return JointPlan(_plain(changes), ALL, len(changes), **where)
+    return _sampled(recs, knobs, headline, at, space, names, in_force, changes, max_configs,
+                    interactions, pair_share, where)
+
+
+def _joint_space(measured: dict, in_force: dict, cliffs: dict, margin: float,
+                 interactions: list) -> dict[str, list]:
+    """{knob: values} worth combining: those within `margin` of the knob's best, every measured
+    value of a knob that interacts with one in the space (and its cliffs), and the value in
+    force; knobs with fewer than two values are left out."""
     space: dict[str, list] = {}
     for knob, ratios in measured.items():
         best = min(ratios.values())
-        near = [v for v, r in ratios.items() if r <= best * (1 + margin)]
-        space[knob] = near
-    cliffs = _cliffs(recs)
+        space[knob] = [v for v, r in ratios.items() if r <= best * (1 + margin)]
     for a, b in interactions:  # a knob that interacts with one in the space joins with all
         for x, y in ((a, b), (b, a)):  # its measured values, and so do x's cliffs
             if x in space and y in measured and (len(space[x]) > 1 or cliffs.get(x)):
@@ -281,14 +296,17 @@ def joint_plan(recs: list[dict], knobs: dict, headline: str, margin: float,
         if knob not in in_force:
             del space[knob]
             continue
-        current = freeze(in_force[knob])
-        space[knob] = list(dict.fromkeys([current, *space[knob]]))
+        space[knob] = list(dict.fromkeys([freeze(in_force[knob]), *space[knob]]))
         if len(space[knob]) < 2:
             del space[knob]
-    where = {"shape": at, "bucket": headline_bucket(recs, at)} if at else {}
-    if len(space) < 2 or max_configs <= 0:
-        return JointPlan([], **where)
-    names = sorted(space)
+    return space
+
+
+def _ranked_changes(space: dict, names: list, measured: dict, in_force: dict, cliffs: dict,
+                    interactions: list, worth) -> list[dict]:
+    """Every config moving two knobs or more, worth measuring, by the product of its knobs'
+    one-knob ratios (a cliff only beside a knob it interacts with, which voids the product
+    for that pair)."""
     partners = {n: {y for a, b in interactions for x, y in ((a, b), (b, a)) if x == n}
                 for n in names}
 
@@ -305,34 +323,36 @@ def joint_plan(recs: list[dict], knobs: dict, headline: str, margin: float,
         return math.prod(measured[k].get(v, 1.0) / measured[k].get(freeze(in_force[k]), 1.0)
                          for k, v in change.items() if k not in paired)
 
-    def out(changes: list[dict]) -> list[dict]:
-        return [{k: thaw(v) for k, v in c.items()} for c in changes]
-
     # one knob moved alone was measured by its own step: only combinations are new
     changes = [c for c in map(moved, itertools.product(*(space[k] for k in names)))
                if len(c) >= 2 and not unpaired_cliff(c)
                and (worth is None or worth({k: thaw(v) for k, v in c.items()}))]
-    changes.sort(key=predicted)
-    if len(changes) <= max_configs:
-        return JointPlan(out(changes), ALL, len(changes), **where)
-    # a larger space: the configs measured before (at any headline time) are not proposed
-    # again; the sampler picks among the rest
+    return sorted(changes, key=predicted)
+
+
+def _plain(changes: list[dict]) -> list[dict]:
+    return [{k: thaw(v) for k, v in c.items()} for c in changes]
+
+
+def _sampled(recs: list[dict], knobs: dict, headline: str, at: str | None, space: dict,
+             names: list, in_force: dict, changes: list[dict], max_configs: int,
+             interactions: list, pair_share: float, where: dict) -> JointPlan:
+    """A space larger than the cap: the configs measured before (at any headline time) are not
+    proposed again. Two knobs that interact were each measured alone beside the other's value
+    in force, so their one-knob ratios say nothing about them moved together (H100 RMSNorm,
+    wide rows: occupancy 2 ran 1.7x slower at 2 rows per block and was the best value at 1
+    row; TPE, told the former, left out every config with occupancy 2). The configs that move
+    one such pair only are taken first (up to pair_share of the cap): each pair whole, the
+    pair cut short spread over its values (_whole_pairs); the sampler picks among the rest."""
     told = measured_configs(recs, knobs, headline, at)
     seen = {_key(config, names) for config, _ in told}
     keyed = ((_key({**in_force, **c}, names), c) for c in changes)
     allowed = {key: c for key, c in keyed if key not in seen}   # in the product ranking's order
-    # Two knobs that interact were each measured alone beside the other's value in force, so
-    # their one-knob ratios say nothing about them moved together (H100 RMSNorm, wide rows:
-    # occupancy 2 ran 1.7x slower at 2 rows per block and was the best value at 1 row; TPE,
-    # told the former, left out every config with occupancy 2). The configs that move one
-    # such pair only are taken first (up to pair_share of the cap, the rest left to the
-    # sampler): each pair whole, the pair cut short spread over its values (_whole_pairs).
     pair_knobs = [set(pair) for pair in interactions]
     pair_keys = [key for key, c in allowed.items() if set(c) in pair_knobs]
     pairs = _whole_pairs(pair_keys, allowed, max(max_configs - (len(allowed) - len(pair_keys)),
                                                  int(pair_share * max_configs + 1e-9)))
-    in_pairs = set(pairs)
-    rest = {key: c for key, c in allowed.items() if key not in in_pairs}
+    rest = {key: c for key, c in allowed.items() if key not in set(pairs)}
     want = min(max_configs - len(pairs), len(rest))
     seed = len(recs)
     # a config measured more than once (each one-knob step's incumbent) is told its latest ratio
@@ -342,12 +362,11 @@ def joint_plan(recs: list[dict], knobs: dict, headline: str, margin: float,
                      else "nothing is left to sample beside the interacting pairs"))
     head = [allowed[key] for key in pairs]
     if picked is None:
-        return JointPlan(out(head + list(rest.values())[:want]), RANKING, len(changes),
+        return JointPlan(_plain(head + list(rest.values())[:want]), RANKING, len(changes),
                          note=note, paired=len(pairs), **where)
     chosen = [rest[key] for key in picked]
-    taken = set(picked)
-    filled = [c for key, c in rest.items() if key not in taken][:want - len(chosen)]
-    return JointPlan(out(head + chosen + filled), TPE, len(changes), told=len(latest),
+    filled = [c for key, c in rest.items() if key not in set(picked)][:want - len(chosen)]
+    return JointPlan(_plain(head + chosen + filled), TPE, len(changes), told=len(latest),
                      seed=seed, filled=len(filled), paired=len(pairs), **where)
 
 
@@ -536,19 +555,8 @@ def bucket_joint_plans(recs: list[dict], knobs: dict, headline: str, margin: flo
     return out
 
 
-def bucket_joint_row(before: dict | None, after: dict) -> str:
-    """What a bucket joint search's row says: the bucket and the knobs its config moved."""
-    bucket, patch = bucket_entry_change(thaw(before), thaw(after))
-    return f"joint at {bucket}: {show_patch(patch)}"
 
 
-def bucket_entry_change(before: dict | None, after: dict) -> tuple[str, dict]:
-    """(the bucket, the knobs whose values differ in its entry) between two dispatch tables
-    that differ in one bucket: what a bucket joint search's row says it kept or tried."""
-    before = before or {}
-    bucket = next(iter(dispatch.changed_buckets(before, after)), "")
-    old, new = before.get(bucket, {}), after.get(bucket, {})
-    return bucket, {k: v for k, v in new.items() if k not in old or freeze(old[k]) != freeze(v)}
 
 
 def by_headroom(joints: list, shares: dict[str, float] | None, headline: str) -> list:

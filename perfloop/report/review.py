@@ -9,18 +9,13 @@ which kind it is.
 
 from __future__ import annotations
 
-from perfloop.core import dispatch
-from perfloop.core.playbook import freeze
-from perfloop.core.vocab import Correctness, Kind, Status
-from perfloop.plan.search import (
-    BUCKET_JOINT,
-    DISPATCH,
-    MULTI,
-    bucket_joint_row,
-    show_patch,
+from perfloop.core import dispatch, naming
+from perfloop.core.naming import (
     show_value,
 )
-from perfloop.store.records import Confirmation, Experiment
+from perfloop.core.playbook import freeze
+from perfloop.core.vocab import Correctness, Kind, Status
+from perfloop.store.records import Confirmation, Experiment, incumbent_timed, timed
 
 ONE_PROCESS = "one-process confirmation"
 # bench's label of the kernel itself, and of its second timing (the A/A control)
@@ -54,24 +49,8 @@ def show_change(change: dict) -> str:
             f"{show_value(change['new'])}")
 
 
-def what(record: Experiment) -> str:
-    """The experiment as its table row names it."""
-    if record.kind == Kind.BASELINE:
-        return "baseline"
-    if record.kind == Kind.AGENT:
-        return record.describe
-    if record.optimization == DISPATCH:
-        return f"dispatch: {record.describe}"
-    if record.optimization == BUCKET_JOINT:
-        return bucket_joint_row(record.extra.get("incumbent_value"), record.value)
-    return f"{record.optimization}: {setting(record.knob, record.value)}"
 
 
-def setting(knob: str, value) -> str:
-    """knob=value, or for a patch of several knobs (joint search) each of them."""
-    if knob == MULTI:
-        return show_patch(value)
-    return f"{knob}={show_value(value)}"
 
 
 def journey(recs: list[Experiment]) -> list[dict]:
@@ -116,32 +95,8 @@ def incumbent_record(recs: list[Experiment], commit: str) -> Experiment | None:
                  if r.status == Status.KEEP and r.commit == commit and r.timing), None)
 
 
-def incumbent_timed(recs: list[Experiment], incumbent: str, shape: str
-                    ) -> tuple[Experiment | None, dict | None]:
-    """The incumbent's statistics at `shape` and the experiment they come from: the one that
-    made it the incumbent, or, where that one did not time the shape (a dispatch change times
-    only the buckets it touches, and the headline), the kept experiment before it, and so on
-    back: a dispatch change leaves the other buckets' code as it was."""
-    by_commit = {r.commit: r for r in recs if r.status == Status.KEEP and r.timing}
-    record = by_commit.get(incumbent)
-    while record is not None:
-        stats = timed(record, shape)
-        if stats is not None:
-            return record, stats
-        before = record.extra.get("incumbent_before")
-        record = by_commit.get(before) if before != record.commit else None
-    return None, None
 
 
-def timed(record: Experiment | None, shape: str, label: str | None = None) -> dict | None:
-    """The variant's statistics at `shape` in the record's deciding pass (default: the chosen
-    variant), with the shape's floor."""
-    timing = (record.timing if record else None) or {}
-    entry = (timing.get("shapes") or {}).get(shape)
-    label = label or timing.get("chosen")
-    if entry is None or label not in entry["variants"]:
-        return None
-    return {**entry["variants"][label], "floor_ms": entry.get("floor_ms")}
 
 
 def competitors(bench: dict | None) -> dict[str, list[dict]]:
@@ -231,3 +186,8 @@ def phase_seconds(recs: list[Experiment], confirmation: Confirmation | None,
     if profile and profile.get("wall_s") is not None:
         out["profile"] = profile["wall_s"]
     return {k: round(v, 3) for k, v in out.items()}
+
+
+def what(record: Experiment) -> str:
+    """The experiment as its table row names it."""
+    return naming.experiment(record)

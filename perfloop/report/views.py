@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from perfloop.core.vocab import Status, Stop
 from perfloop.report import review
-from perfloop.run import confirm
 from perfloop.store import records
 from perfloop.store.session import Session
 
@@ -41,7 +40,7 @@ def speedup(s: Session, recs: list[records.Experiment]) -> dict:
     when the run has one for this incumbent, else the product of the kept experiments' ratios
     (each measured in one process against its own incumbent)."""
     head = s.spec.headline.name
-    confirmed = confirm.latest(s)
+    confirmed = s.confirmation()
     if confirmed and head in confirmed.shapes:
         shape = confirmed.shapes[head]
         return {"speedup": shape["speedup"], "ci": shape.get("speedup_ci"),

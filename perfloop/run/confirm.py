@@ -16,20 +16,12 @@ from perfloop.store.session import Session
 FINAL = "final"
 
 
-def latest(s: Session) -> records.Confirmation | None:
-    """The confirmation of the current incumbent against the baseline, if there is one."""
-    for record in reversed(s.all_records()):
-        if isinstance(record, records.Confirmation):
-            if record.incumbent == s.state.incumbent and record.baseline == s.state.base_commit:
-                return record
-            return None
-    return None
 
 
 def ensure(s: Session) -> records.Confirmation | None:
     """Confirm the run's result once it has stopped (no-op if already confirmed)."""
-    if latest(s) is not None or not s.records():
-        return latest(s)
+    if s.confirmation() is not None or not s.records():
+        return s.confirmation()
     with progress.task("confirmation", "the baseline against the final incumbent, in one process"):
         record = records.Confirmation.from_dict(measure(s))
     records.append(s.records_path, record)

@@ -13,13 +13,12 @@ from datetime import date
 from pathlib import Path
 from typing import Callable
 
-from perfloop.core import kernel, traffic
+from perfloop.core import kernel, knobspace, traffic
 from perfloop.core.errors import UserError
 from perfloop.core.vocab import Kind, Status, Stop, StopReason
-from perfloop.plan import decide, suggest
-from perfloop.plan.suggest import suggestions
-from perfloop.run import confirm, experiment
-from perfloop.run.experiment import Proposal
+from perfloop.plan import planner
+from perfloop.plan.proposal import Proposal
+from perfloop.run import confirm, experiment, planning, recovery
 from perfloop.store import gitops, pins, records
 from perfloop.store.session import Session, State, sha256_file
 
@@ -74,7 +73,8 @@ def start(s: Session, new: bool = False) -> tuple[records.Experiment, str | None
     # the benchmark's traffic() is read by the timing process; a wrong one is refused here,
     # in one line, before a branch or a record is written
     traffic.check(kernel.import_module(s.spec.folder, f"contract_{s.spec.name}"), s.spec)
-    suggest.check_space(s)   # (likewise canonical() and restrict())
+    planner.check_space(s.playbook.optimizations, s.spec.read_knobs(), s.spec.candidates,
+                        knobspace.space_for(s.spec.folder))  # (likewise canonical(), restrict())
     previous = gitops.current_branch(s.repo)
     if existing is not None:
         _archive(s, existing)
@@ -89,6 +89,7 @@ def start(s: Session, new: bool = False) -> tuple[records.Experiment, str | None
                   judge_sha256=sha256_file(s.spec.judge), manifest=s.spec.manifest_text,
                   rules=s.playbook.rules_dict()))
     record = experiment.run(s, Proposal(Kind.BASELINE))
+    planning.settle(s)
     if record.status == Status.KEEP:
         return record, None
     gitops.switch_back(s.repo, previous, branch)
@@ -141,20 +142,13 @@ def resume(s: Session) -> records.Experiment | None:
     s.require_pinned()
     if s.state.in_flight is None:
         s.require_at_incumbent()
-    redo = experiment.recover(s)
+    redo = recovery.recover(s)
     if s.state.interrupted:
         s.state.interrupted = None
         s.save_state()
-    return experiment.run(s, redo) if redo else None
-
-
-def next_proposal(s: Session) -> Proposal | None:
-    ranked = suggestions(s)
-    if not ranked:
-        return None
-    top = ranked[0]
-    return Proposal(Kind.PLAYBOOK, top.optimization, top.candidates, describe=top.describe,
-                    sampler=top.sampler)
+    record = experiment.run(s, redo) if redo else None
+    planning.settle(s)
+    return record
 
 
 def run(s: Session, report: Callable[[records.Experiment], None],
@@ -168,16 +162,18 @@ def run(s: Session, report: Callable[[records.Experiment], None],
             if max_iterations is not None and done >= max_iterations:
                 return Stop(StopReason.ITERATIONS_ASKED,
                             f"stopped after {done} iterations as asked (--max-iterations)")
-            proposal = next_proposal(s)
-            if proposal is None:
-                s.state.stop = decide.NOTHING_LEFT
+            proposal = planning.next_step(s)
+            if isinstance(proposal, Stop):
+                s.state.stop = proposal
                 s.save_state()
                 break
             prepare_step(s, Kind.PLAYBOOK)
-            report(experiment.run(s, proposal))
+            record = experiment.run(s, proposal)
+            planning.settle(s)
+            report(record)
             done += 1
     except KeyboardInterrupt:
-        experiment.recover(s)  # sets the half-done experiment aside; resume redoes it
+        recovery.recover(s)  # sets the half-done experiment aside; resume redoes it
         s.state.interrupted = Stop(StopReason.INTERRUPTED,
                                    f"interrupted at {time.strftime('%H:%M:%S')}")
         s.save_state()

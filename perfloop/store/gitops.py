@@ -17,7 +17,7 @@ from pathlib import Path
 import git
 
 from perfloop.core.errors import UserError
-from perfloop.run.faults import crashpoint
+from perfloop.core.faults import crashpoint
 
 REF_PREFIX = "refs/perfloop"
 

@@ -186,3 +186,31 @@ def load(path: Path) -> list[Record]:
 def append(path: Path, record: Record) -> None:
     existing = path.read_text(encoding="utf-8") if path.exists() else ""
     write_text(path, existing + dumps(record.to_dict(), sort_keys=True) + "\n")
+
+
+# ---- queries over the record ------------------------------------------------------
+def timed(record: Experiment | None, shape: str, label: str | None = None) -> dict | None:
+    """The variant's statistics at `shape` in the record's deciding pass (default: the chosen
+    variant), with the shape's floor."""
+    timing = (record.timing if record else None) or {}
+    entry = (timing.get("shapes") or {}).get(shape)
+    label = label or timing.get("chosen")
+    if entry is None or label not in entry["variants"]:
+        return None
+    return {**entry["variants"][label], "floor_ms": entry.get("floor_ms")}
+
+def incumbent_timed(recs: list[Experiment], incumbent: str, shape: str
+                    ) -> tuple[Experiment | None, dict | None]:
+    """The incumbent's statistics at `shape` and the experiment they come from: the one that
+    made it the incumbent, or, where that one did not time the shape (a dispatch change times
+    only the buckets it touches, and the headline), the kept experiment before it, and so on
+    back: a dispatch change leaves the other buckets' code as it was."""
+    by_commit = {r.commit: r for r in recs if r.status == Status.KEEP and r.timing}
+    record = by_commit.get(incumbent)
+    while record is not None:
+        stats = timed(record, shape)
+        if stats is not None:
+            return record, stats
+        before = record.extra.get("incumbent_before")
+        record = by_commit.get(before) if before != record.commit else None
+    return None, None

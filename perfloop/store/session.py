@@ -10,7 +10,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from perfloop.core import kernel, playbook
+from perfloop.core import kernel, manifest, playbook
 from perfloop.core.atomic import write_json
 from perfloop.core.errors import NeedsGPU, UserError
 from perfloop.core.vocab import Stop, StopReason
@@ -120,7 +120,7 @@ class Session:
         self.folder_rel = gitops.rel(self.repo, folder)
         # the committed manifest: an uncommitted edit to it never changes what a run measures
         committed = gitops.file_at(self.repo, "HEAD", f"{self.folder_rel}/{kernel.MANIFEST}")
-        self.spec = kernel.load_spec(folder, self.root, committed)
+        self.spec = manifest.load_spec(folder, self.root, committed)
         self.playbook_dir = playbook.resolve_dir(playbook_dir, self.root)
         self.playbook = playbook.load(self.playbook_dir)
         self.sandbox = self.root / "sandbox" / self.spec.name
@@ -175,7 +175,7 @@ class Session:
     def _adopt(self, state: State) -> None:
         """Use what the run pinned: its manifest and its rules, whatever the tree says now."""
         self._state = state
-        self.spec = kernel.load_spec(self.spec.folder, self.root, state.manifest)
+        self.spec = manifest.load_spec(self.spec.folder, self.root, state.manifest)
         self.current_rules = self.playbook.rules
         self.playbook = playbook.with_rules(self.playbook, state.rules)
 
@@ -303,6 +303,27 @@ class Session:
                             f"{self.folder_rel}/{kernel.KNOBS}")
         return kernel.parse_knobs(text, f"{self.folder_rel}/{kernel.KNOBS} at "
                                         f"{self.state.incumbent[:12]}")
+
+    def profile(self, of_incumbent: bool = True) -> dict | None:
+        """The recorded profile (`perfloop profile`), if a readable one is there; with
+        `of_incumbent`, only if it profiled the current incumbent (an older one is stale)."""
+        try:
+            data = json.loads((self.sandbox / "profile.json").read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            return None
+        if not isinstance(data, dict) or not isinstance(data.get("metrics"), dict):
+            return None
+        return data if not of_incumbent or data.get("commit") == self.state.incumbent else None
+
+    def confirmation(self) -> records.Confirmation | None:
+        """The confirmation of the current incumbent against the baseline, if there is one."""
+        for record in reversed(self.all_records()):
+            if isinstance(record, records.Confirmation):
+                if (record.incumbent == self.state.incumbent
+                        and record.baseline == self.state.base_commit):
+                    return record
+                return None
+        return None
 
     def ref_name(self, iteration: int, what: str = "iter") -> str:
         return f"{gitops.REF_PREFIX}/{self.state.branch}/{what}-{iteration:02d}"

@@ -34,3 +34,4 @@ def append_row(path: Path, row: str) -> None:
     """Append one row; the existing bytes are kept exactly. Atomic: never a half row."""
     existing = path.read_text(encoding="utf-8") if path.exists() else HEADER
     write_text(path, existing + row)
+

@@ -1,0 +1,58 @@
+"""How experiments and knob settings are named where people read them: the table's optimization
+column, commit messages, reports. One place, so a row, its commit and its report line agree."""
+
+from __future__ import annotations
+
+from perfloop.core import dispatch
+from perfloop.core.values import freeze, thaw
+from perfloop.core.vocab import MULTI
+
+# the experiments built from the record rather than the catalog (perfloop.plan.search)
+DISPATCH, JOINT, BUCKET_JOINT = "dispatch", "joint", "bucket-joint"
+SEARCH_IDS = (DISPATCH, JOINT, BUCKET_JOINT)
+
+
+def show_value(value) -> str:
+    if isinstance(value, (list, tuple)):
+        return "x".join(str(v) for v in value)
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def show_patch(patch: dict) -> str:
+    """knob=value, ... in the knobs' order (as a record, whose keys are sorted, gives them)."""
+    return ", ".join(f"{k}={show_value(v)}" for k, v in sorted(patch.items()))
+
+
+def setting(knob: str, value) -> str:
+    """knob=value, or for a patch of several knobs (joint search) each of them."""
+    if knob == MULTI:
+        return show_patch(value)
+    return f"{knob}={show_value(value)}"
+
+
+def bucket_entry_change(before: dict | None, after: dict) -> tuple[str, dict]:
+    """(the bucket, the knobs whose values differ in its entry) between two dispatch tables
+    that differ in one bucket: what a bucket joint search's row says it kept or tried."""
+    before = before or {}
+    bucket = next(iter(dispatch.changed_buckets(before, after)), "")
+    old, new = before.get(bucket, {}), after.get(bucket, {})
+    return bucket, {k: v for k, v in new.items() if k not in old or freeze(old[k]) != freeze(v)}
+
+
+def bucket_joint_row(before: dict | None, after: dict) -> str:
+    """What a bucket joint search's row says: the bucket and the knobs its config moved."""
+    bucket, patch = bucket_entry_change(thaw(before), thaw(after))
+    return f"joint at {bucket}: {show_patch(patch)}"
+
+
+def experiment(record) -> str:
+    """An experiment (perfloop.store.records.Experiment) as its table row names it."""
+    if record.kind == "baseline":
+        return "baseline"
+    if record.kind == "agent":
+        return record.describe
+    if record.optimization == DISPATCH:
+        return f"dispatch: {record.describe}"
+    if record.optimization == BUCKET_JOINT:
+        return bucket_joint_row(record.extra.get("incumbent_value"), record.value)
+    return f"{record.optimization}: {setting(record.knob, record.value)}"

@@ -1,0 +1,73 @@
+"""An experiment's verdict from what its judge and timer found: pure functions over the
+outcomes of its candidates and the timing summary of its final pass (perfloop.measure.phases
+summarize_pass), decided by the playbook's rules (perfloop.plan.decide)."""
+
+from __future__ import annotations
+
+from perfloop.core import dispatch
+from perfloop.core.playbook import DecisionRules, thaw
+from perfloop.core.stats import Comparison
+from perfloop.core.vocab import CONTROL, INCUMBENT, Correctness, Kind, Outcome, Status
+from perfloop.plan import decide
+
+
+def below_floor(summary: dict, label: str, tolerance: float) -> tuple[str, ...]:
+    """The shapes where `label` ran faster than the physical floor allows."""
+    return tuple(name for name, shape in summary.items()
+                 if shape["floor_ms"] and shape["variants"][label]["median_ms"]
+                 < shape["floor_ms"] * (1 - tolerance))
+
+
+def untimed(kind: Kind, outcome: dict, timing_crashed: str, judged_ok: bool) -> decide.Verdict:
+    """The verdict when nothing was timed to the end: the timing crashed, or every candidate
+    failed, fell off a cliff or crashed. `outcome`: label -> (Outcome, why)."""
+    if timing_crashed:
+        return decide.Verdict(Status.CRASH, Correctness.PASS, timing_crashed)
+    failed = [(label, why) for label, (o, why) in outcome.items() if o == Outcome.FAIL]
+    if failed:
+        reason = "; ".join(f"{label}: {why}" for label, why in failed[:3])
+        if kind == Kind.BASELINE or len(outcome) == 1:
+            reason = failed[0][1]
+        return decide.Verdict(Status.REVERT, Correctness.FAIL, f"{reason}: reverted at once"
+                              if kind != Kind.BASELINE else reason)
+    slow = [why for o, why in outcome.values() if o == Outcome.SLOW]
+    if slow and all(o in (Outcome.SLOW, Outcome.CRASH) for o, _ in outcome.values()):
+        return decide.Verdict(Status.REVERT, Correctness.PASS, "every candidate fell off a "
+                              f"cliff or crashed ({slow[0]})" if len(outcome) > 1 else slow[0])
+    # every candidate crashed: in the judge (correctness unknown: FAIL) or while timed (PASS)
+    crashed = [why for o, why in outcome.values() if o == Outcome.CRASH]
+    return decide.Verdict(Status.CRASH, Correctness.PASS if judged_ok else Correctness.FAIL,
+                          crashed[0] if crashed else "nothing was timed")
+
+
+def baseline(summary: dict, headline: str, rules: DecisionRules) -> decide.Verdict:
+    """The baseline is kept unless it measured faster than the physical floor."""
+    below = below_floor(summary, INCUMBENT, rules.floor_tolerance)
+    if below:
+        return decide.Verdict(Status.REVERT, Correctness.PASS, "baseline measured faster than "
+                              f"the physical floor on {', '.join(below)}: the measurement is "
+                              "broken")
+    aa = summary[headline]["vs_incumbent"][CONTROL]
+    return decide.Verdict(Status.KEEP, Correctness.PASS, "baseline; the same code timed twice "
+                          f"differs by {100 * abs(aa['ratio'] - 1):.2f}% (noise "
+                          f"{100 * summary[headline]['noise']:.2f}%) at the headline shape")
+
+
+def timed(summary: dict, best: str, headline: str, rules: DecisionRules,
+          dispatch_value=None, incumbent_knobs: dict | None = None) -> decide.Verdict:
+    """The playbook's verdict on the fastest candidate `best` (its timings from the final
+    pass). A change of the dispatch table (`dispatch_value`: the chosen table) is decided at
+    the headline if its bucket changed, else where it gained most, and only if a held-back
+    shape was timed in every bucket it changes."""
+    unchecked: tuple = ()
+    if dispatch_value is not None:
+        changed = dispatch.changed_buckets(dispatch.table(incumbent_knobs or {}),
+                                           thaw(dispatch_value))
+        headline = decide.dispatch_focus(summary, changed, headline, best) or ""
+        unchecked = decide.ungeneralized(summary, changed)
+    comparisons = {name: Comparison(**shape["vs_incumbent"][best])
+                   for name, shape in summary.items()}
+    return decide.decide(decide.Evidence(
+        correct=True, comparisons=comparisons, headline=headline,
+        below_floor=below_floor(summary, best, rules.floor_tolerance),
+        ungeneralized=unchecked), rules)
