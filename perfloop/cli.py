@@ -12,10 +12,12 @@ from pathlib import Path
 from perfloop import __version__
 from perfloop.commands import bench, check, init, profile, report, run, status, step
 from perfloop.commands import next as next_command
-from perfloop.core import progress
+from perfloop.core import progress, spawn
 from perfloop.core.atomic import dumps
 from perfloop.core.errors import UserError
+from perfloop.measure import process
 from perfloop.report.views import SCHEMA
+from perfloop.store import preflight
 
 DESCRIPTION = """\
 Make a cuTile kernel faster one measured experiment at a time. Each experiment changes one
@@ -33,18 +35,31 @@ class ArgumentError(Exception):
 
 
 class Parser(argparse.ArgumentParser):
+    def __init__(self, *args, json_help: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.json_help = json_help
+
     def error(self, message):
         raise ArgumentError(f"{self.prog}: {message}")
 
+    def print_help(self, file=None):
+        """With --json, the help is one JSON object too: {..., "ok": true, "help": text}."""
+        if not self.json_help:
+            return super().print_help(file)
+        command = self.prog.split()[1] if " " in self.prog else None
+        print(dumps({"schema": SCHEMA, "command": command, "ok": True,
+                     "help": self.format_help()}), file=file or sys.stdout)
 
-def parser() -> argparse.ArgumentParser:
-    top = Parser(prog="perfloop", description=DESCRIPTION,
+
+def parser(json_help: bool = False) -> argparse.ArgumentParser:
+    top = Parser(prog="perfloop", description=DESCRIPTION, json_help=json_help,
                  formatter_class=argparse.RawDescriptionHelpFormatter)
     top.add_argument("--version", action="version", version=f"perfloop {__version__}")
     subs = top.add_subparsers(dest="command", metavar="COMMAND", required=True,
                               parser_class=Parser)
     for name, module in COMMANDS.items():
         sub = subs.add_parser(name, help=module.HELP, description=module.DESCRIPTION,
+                              json_help=json_help,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
         sub.add_argument("--kernel", required=True, metavar="NAME|PATH",
                          help="a kernel under kernels/ (e.g. swiglu) or a path to a kernel folder")
@@ -66,29 +81,56 @@ def _emit_error(args, message: str, code: int) -> int:
     return code
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+def _internal(args, exc: Exception) -> int:
+    """A bug: keep the traceback in a file, show one line."""
+    log = Path(tempfile.gettempdir()) / f"perfloop-crash-{os.getpid()}.log"
     try:
-        args = parser().parse_args(argv)
+        log.write_text(traceback.format_exc())
+    except OSError:  # (a full /tmp): the line still goes out
+        log = "nowhere: the temporary folder is not writable"
+    first = (str(exc).strip().splitlines() or [""])[0][:200]
+    return _emit_error(args, f"internal error {type(exc).__name__}: {first} (traceback in "
+                             f"{log}; an interrupted iteration, if any, is finished by "
+                             "`perfloop run --resume`)", 1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(sys.argv[1:] if argv is None else argv)
+    except BrokenPipeError:
+        # the reader left (`perfloop status | head -1`): nothing more to tell it; stdout goes
+        # to /dev/null so that Python's flush at exit does not complain either
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
+def _main(argv: list[str]) -> int:
+    try:
+        args = parser(json_help="--json" in argv).parse_args(argv)
     except ArgumentError as exc:
         wanted = argparse.Namespace(json="--json" in argv,
                                     command=next((a for a in argv if a in COMMANDS), None))
         return _emit_error(wanted, str(exc), 2)
     module = COMMANDS[args.command]
     progress.configure(json_answer=getattr(args, "json", False))
+    spawn.become_subreaper()  # daemons that kernel code leaves come back here, to be killed
     try:
         result = module.execute(args)
     except UserError as exc:
         return _emit_error(args, str(exc), exc.exit_code)
     except KeyboardInterrupt:
         return _emit_error(args, "interrupted; `perfloop run --resume` continues the run", 130)
-    except Exception as exc:  # a bug: keep the traceback in a file, show one line
-        log = Path(tempfile.gettempdir()) / f"perfloop-crash-{os.getpid()}.log"
-        log.write_text(traceback.format_exc())
-        first = (str(exc).strip().splitlines() or [""])[0][:200]
-        return _emit_error(args, f"internal error {type(exc).__name__}: {first} (traceback in "
-                                 f"{log}; an interrupted iteration, if any, is finished by "
-                                 "`perfloop run --resume`)", 1)
+    except BrokenPipeError as exc:  # a child's pipe, not the reader's (nothing printed yet)
+        return _internal(args, exc)
+    except OSError as exc:
+        failure = preflight.from_os_error(exc)
+        if failure is None:
+            return _internal(args, exc)
+        return _emit_error(args, str(failure), failure.exit_code)
+    except Exception as exc:
+        return _internal(args, exc)
+    finally:
+        process.kill_strays()
     code = result.pop("exit_code", 0)
     if code:  # a failed experiment or check: its answer says so the way every error does
         result.setdefault("error", result.pop("failure", None) or f"{args.command} failed")

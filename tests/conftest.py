@@ -1,3 +1,4 @@
+import inspect
 import json
 import os
 import shutil
@@ -20,7 +21,31 @@ def _has_gpu() -> bool:
     return torch.cuda.is_available()
 
 
+# tests that run perfloop end to end in a scratch repository: each command starts a judge and a
+# timer with their children (15-30 CPU seconds an experiment on the 2-core CPU machine), so
+# they run with `-m slow` (CI runs both), unless marked `smoke`
+END_TO_END = {"scratch", "started", "initialized", "inplace", "gains", "finished", "repo",
+              "swiglu_scratch"}
+
+
+RUNS_PERFLOOP = (".cli(", "Scratch(", "Scratch.", '"-m", "perfloop"', "subprocess.Popen(")
+
+
+def _end_to_end(item) -> bool:
+    if END_TO_END & set(getattr(item, "fixturenames", ())):
+        return True
+    try:
+        source = inspect.getsource(item.function)
+    except (AttributeError, OSError, TypeError):
+        return False
+    return any(sign in source for sign in RUNS_PERFLOOP)
+
+
+@pytest.hookimpl(tryfirst=True)  # (before -m deselects by marker)
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if _end_to_end(item) and not item.get_closest_marker("smoke"):
+            item.add_marker(pytest.mark.slow)
     if _has_gpu():
         return
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU with cuTile")
@@ -55,6 +80,14 @@ class Scratch:
         git(path, "config", "user.email", "t@example.com")
         git(path, "config", "user.name", "t")
         self.commit_all("initial")
+
+    @classmethod
+    def copy_of(cls, template: Path, path: Path) -> "Scratch":
+        """A copy of another scratch repository (its git history, branch and sandbox/)."""
+        shutil.copytree(template, path, symlinks=True)
+        self = cls.__new__(cls)
+        self.path, self.kernel = path, path / "kernels" / "scripted"
+        return self
 
     @classmethod
     def of_shipped(cls, path: Path, *names: str) -> "Scratch":
@@ -140,3 +173,19 @@ class Scratch:
 @pytest.fixture
 def scratch(tmp_path) -> Scratch:
     return Scratch(tmp_path / "repo")
+
+
+@pytest.fixture(scope="session")
+def initialized(tmp_path_factory) -> Path:
+    """A scratch repository right after a plain `perfloop init --kernel scripted`, made once:
+    an init runs a judge and a timing child, and many tests start from one."""
+    repo = Scratch(tmp_path_factory.mktemp("initialized") / "repo")
+    code, _, err = repo.cli("init", "--kernel", "scripted")
+    assert code == 0, err
+    return repo.path
+
+
+@pytest.fixture
+def started(tmp_path, initialized) -> Scratch:
+    """A scratch repository of its own, as `perfloop init --kernel scripted` leaves it."""
+    return Scratch.copy_of(initialized, tmp_path / "repo")

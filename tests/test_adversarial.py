@@ -17,7 +17,7 @@ from perfloop.store import table
 
 def _started(scratch: Scratch) -> dict:
     code, out, err = scratch.cli("init", "--kernel", "scripted")
-    assert code == 0, err
+    assert code == 0, (out, err)
     return {"head": scratch.head(), "knobs": (scratch.kernel / "knobs.json").read_text()}
 
 
@@ -77,7 +77,7 @@ def test_an_uncommitted_manifest_edit_does_not_reach_a_new_run(scratch):
 def test_the_judge_edited_in_place_is_refused(scratch):
     before = _started(scratch)
     judge = scratch.path / "tests" / "judge_scripted.py"
-    judge.write_text(judge.read_text().replace("assert passed", "assert True"))
+    judge.write_text(judge.read_text().replace("**EXACT)", "rtol=1e9, atol=1e9, max_rel_err=1e9)"))
     _set_mode(scratch, "wrong")
     code, out, _ = scratch.cli("step", "--kernel", "scripted", "--describe", "wrong, judge edited")
     assert code == 2 and "tests/judge_scripted.py" in out["error"]
@@ -91,7 +91,7 @@ def test_a_module_planted_where_the_judge_imports_from_is_refused(scratch, plant
     before = _started(scratch)
     path = scratch.path / planted
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("import perfloop.child.judge_api as c\nc.log_case = lambda *a, **k: None\n")
+    path.write_text("import perfloop.core.judge_api as c\nc.log_case = lambda *a, **k: None\n")
     _set_mode(scratch, "wrong")
     code, out, _ = scratch.cli("step", "--kernel", "scripted", "--describe", "wrong, planted")
     assert code == 2 and planted in out["error"] and "could be imported by the judge" in out["error"]
@@ -111,7 +111,7 @@ def test_bytecode_planted_beside_the_judge_is_never_loaded(scratch):
     from _pytest.assertion.rewrite import PYC_TAIL
 
     fake = scratch.path / "fake_judge.py"
-    source = ("from perfloop.child.judge_api import log_case, requested_variants\n"
+    source = ("from perfloop.core.judge_api import log_case, requested_variants\n"
               "def test_doubles():\n"
               "    for v in requested_variants():\n"
               "        log_case(v['label'], 'n=1', True)\n")
@@ -186,9 +186,8 @@ def _cheat(scratch: Scratch, mode: str) -> tuple[dict, dict]:
     ("skip-above-1000", "timed output differs from the reference at head"),   # partial write
     ("cache", "timed output differs from the reference"),        # computes once, then returns
     ("sniff", "timed output differs from the reference"),        # right only under pytest
-    ("memo", "results look cached"),                             # remembers inputs it has seen
-    ("tamper", "replaced perfloop's timing or checking functions"),
-    ("tamper-judge", "replaced perfloop's judging functions in the judge"),
+    ("tamper-judge", "correctness failed"),  # wrong, and rewrites the comparison beside it
+    # (memo and tamper are right and gain nothing: tests/test_trust.py times them for real)
 ])
 def test_a_kernel_that_cheats_where_the_judge_cannot_see_fails(scratch, mode, reason):
     before, out = _cheat(scratch, mode)
@@ -210,9 +209,9 @@ def test_a_kernel_that_ends_the_judge_early_with_status_0_is_not_kept(scratch):
 
 def test_a_kernel_that_skips_a_judge_case_it_would_fail_is_not_kept(scratch):
     """pytest.skip from kernel code at n = 5 (judged only): the other cases pass, the skip
-    must not let the candidate through."""
+    leaves n = 5 without an output, which the reference pass fails."""
     before, out = _cheat(scratch, "skip-at-5")
-    _assert_not_kept(scratch, before, out, "skipped themselves while running")
+    _assert_not_kept(scratch, before, out, "correctness failed", "n=5", "no output")
 
 
 def test_judge_and_timer_give_kernel_code_the_same_environment(scratch, tmp_path):
@@ -290,7 +289,7 @@ def test_the_swiglu_attacks_still_match_the_shipped_kernel():
     source = (ROOT / "kernels" / "swiglu" / "kernel.py").read_text()
     for name, (old, _, _) in SWIGLU_ATTACKS.items():
         assert source.count(old) == 1, name
-    assert source.count(BUSY_WAIT_AT) == 1 and "import functools\n" in source
+    assert source.count(BUSY_WAIT_AT) == 1 and "import math\n" in source
 
 
 @pytest.fixture
@@ -306,7 +305,8 @@ def test_swiglu_edits_that_cheat_at_sizes_the_judge_never_uses_fail(swiglu_scrat
     incumbent = s.head()
     source = s.kernel / "kernel.py"
     original = source.read_text()
-    helper = ("\n\n@functools.cache\ndef _side_stream():\n    return torch.cuda.Stream()\n")
+    helper = ("\n\nimport functools\n\n\n@functools.cache\ndef _side_stream():\n"
+              "    return torch.cuda.Stream()\n")
     for name, (old, new, reason) in SWIGLU_ATTACKS.items():
         assert old in original, name
         source.write_text(original.replace(old, new) + helper)
@@ -330,7 +330,7 @@ def test_swiglu_with_a_host_busy_wait_times_the_same_and_is_not_kept(swiglu_scra
     source.write_text(original.replace(old, (
         "        until = time.perf_counter() + 40e-6\n"
         "        while time.perf_counter() < until:\n            pass\n" + old)).replace(
-        "import functools\n", "import functools\nimport time\n"))
+        "import math\n", "import math\nimport time\n"))
     code, out, err = s.cli("step", "--kernel", "swiglu", "--describe", "a 40 us host busy-wait")
     assert code == 0, err
     e = out["experiment"]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from perfloop.child import clock as measure
+from perfloop.referee import clock as measure
 from perfloop.core import autotune, stats
 from perfloop.core.kernel import Shape, import_module, read_knobs
 from perfloop.core.playbook import SHIPPED, load

@@ -85,6 +85,47 @@ def test_pairwise_set_leaves_out_what_the_kernel_restricts_and_covers_the_rest()
     assert ruled_out == 4 + 9 - 1    # a=2,d=8: 4; c=False,b=x: 9; both: 1
 
 
+def test_a_sample_holds_every_value_then_n_more_seeded_rows_of_the_pairwise_set():
+    doms = {"a": [0, 1, 2, 3, 4], "b": ["x", "y"], "c": [True, False], "d": [None, 4, 8]}
+    rows, _ = variants.pairwise(doms)
+    least = variants.sample(rows, 0, seed=0)
+    assert least[0] == rows[0] and all(r in rows for r in least)
+    assert [rows.index(r) for r in least] == sorted(rows.index(r) for r in least)
+    assert all(any(r[k] == v for r in least) for k, vals in doms.items() for v in vals)
+    assert len(least) == 5 < len(rows)         # five values of a: five rows, no more
+    more = variants.sample(rows, 3, seed=0)
+    assert len(more) == 8 and all(r in more for r in least)
+    assert variants.sample(rows, 3, seed=0) == more            # seeded: the same rows again
+    draws = {tuple(map(repr, variants.sample(rows, 3, seed=s))) for s in range(20)}
+    assert len(draws) > 1                                        # other seeds, other rows
+    assert variants.sample(rows, 1000, seed=0) == rows
+    pairs = variants.pairs_covered(rows)
+    assert len(pairs) == 5 * 2 + 5 * 2 + 5 * 3 + 2 * 2 + 2 * 3 + 2 * 3   # every value pair
+    assert variants.pairs_covered(least) < pairs
+
+
+def test_check_sample_compiles_a_subset_and_says_what_it_covers(tmp_path):
+    repo = tmp_path / "repo"
+    shutil.copytree(ROOT / "tests" / "broken" / "kernel", repo / "kernels" / "broken")
+    (repo / "tests").mkdir()
+    (repo / "tests" / "judge_broken.py").write_text("")
+    git(repo.parent, "init", "-q", str(repo))
+    from test_cli_errors import human
+
+    code, out, err = human(repo, "check", "--kernel", "kernels/broken", "--arch", "sm_90",
+                           "--sample", "1", "--seed", "3", "--json")
+    result = json.loads(out.strip().splitlines()[-1])
+    # tile has 3 values and occupancy 6: 6 rows hold them all, 1 more is drawn, of 18
+    assert result["sample"] == {"variants": 7, "of_variants": 18, "extra": 1, "seed": 3,
+                                "pairs": result["sample"]["pairs"], "of_pairs": 18}
+    assert 6 <= result["sample"]["pairs"] < 18 and result["variants"] == 7
+    # every value is compiled, so the one that cannot compile is still found
+    assert code == 1 and [f["knobs"]["tile"] for f in result["failures"]] == [[1, 96]] * len(
+        result["failures"]) and result["failures"], err
+    code, out, err = human(repo, "check", "--kernel", "kernels/broken", "--sample", "x")
+    assert code == 2 and "whole number" in err and "Traceback" not in err
+
+
 def test_domains_hold_every_candidate_the_playbook_can_set():
     from perfloop.core.playbook import SHIPPED, load
 

@@ -22,12 +22,6 @@ def assert_one_line(stderr: str, *words: str):
     assert "Traceback" not in stderr and all(w in lines[0] for w in words), stderr
 
 
-@pytest.fixture
-def started(scratch):
-    assert scratch.cli("init", "--kernel", "scripted")[0] == 0
-    return scratch
-
-
 def test_unknown_kernel(scratch):
     before = scratch.snapshot()
     code, _, err = human(scratch.path, "init", "--kernel", "nosuch")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from perfloop.child.judge_api import check, module_for, tolerance
+from perfloop.core.judge_api import check, module_for, tolerance
 
 torch = pytest.importorskip("torch")
 

@@ -156,7 +156,8 @@ def test_classification_by_arithmetic_intensity(flops, cls):
 
 
 def test_selection_carries_the_fastest_candidate_that_loses_nowhere():
-    from perfloop.child.timer import INCUMBENT, _fastest
+    from perfloop.core.vocab import INCUMBENT
+    from perfloop.referee.timer import _fastest
 
     def shape(**medians):  # three rounds of one sample each
         return {"rounds": {label: [[m], [m], [m]] for label, m in medians.items()}}
@@ -173,23 +174,40 @@ def test_selection_carries_the_fastest_candidate_that_loses_nowhere():
         "fast-but-breaks-guard"
 
 
-def test_the_control_runs_its_own_import_of_the_incumbent(tmp_path):
+def test_the_control_and_each_candidate_run_in_launchers_of_their_own(tmp_path):
     """A separately imported and compiled copy of the same code is what a no-op candidate is:
-    the A/A control must be one too, or build-to-build differences count as gains."""
-    from types import SimpleNamespace
+    the A/A control must be one too, or build-to-build differences count as gains; and no
+    variant's code shares a process with another's (or with the clock)."""
+    import os
 
-    from perfloop.child.timer import CONTROL, INCUMBENT, Worker
+    from perfloop.core.vocab import CONTROL, INCUMBENT
+    from perfloop.referee.timer import Timer
 
     (tmp_path / "kernel.py").write_text(
+        "import os, torch\n"
+        "DEVICE = 'cpu'\n"
         "def build(knobs):\n"
         "    def launch(inputs, out):\n"
-        "        return None\n"
-        "    launch.module = __name__\n"
-        "    return launch\n")
-    fake = SimpleNamespace(progress=lambda *a, **k: None, _check_tamper=lambda label: None,
-                           _fail=lambda *a: None)
-    variants = [{"label": label, "folder": str(tmp_path), "knobs": {}}
-                for label in (INCUMBENT, CONTROL, "candidate-0")]
-    launch = Worker._build_all(fake, variants)
-    assert launch[INCUMBENT].module != launch[CONTROL].module
-    assert launch["candidate-0"].module == launch[INCUMBENT].module  # same folder, same import
+        "        out.copy_(inputs[0])\n"
+        "    return launch\n"
+        "def make_inputs(shape, seed, device):\n"
+        "    return (torch.zeros(shape.dims),)\n"
+        "def empty_output(inputs):\n"
+        "    return torch.empty_like(inputs[0])\n"
+        "def reference(x):\n"
+        "    return x\n"
+        "def traffic(shape):\n"
+        "    return {'bytes': 8, 'flops': {}}\n")
+    spec = {"measure": {"rounds": 3, "round_ms": 5, "warmup_ms": 20, "min_reps": 3,
+                        "max_reps": 5}, "progress": str(tmp_path / "progress.jsonl"),
+            "variants": [{"label": label, "folder": str(tmp_path), "knobs": {}}
+                         for label in (INCUMBENT, CONTROL, "candidate-0")],
+            "contract_folder": str(tmp_path), "root": str(tmp_path),
+            "out": str(tmp_path / "out.json"),
+            "shapes": [{"name": "s", "dims": [8], "dtype": "float32"}]}
+    timer = Timer(spec)
+    try:
+        pids = {label: launcher.proc.pid for label, launcher in timer.launchers.items()}
+        assert len(set(pids.values())) == 3 and os.getpid() not in pids.values()
+    finally:
+        timer.close()

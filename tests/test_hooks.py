@@ -1,47 +1,23 @@
-"""The optional hooks of a kernel's contract (perfloop.core.hooks) as the timing worker applies them,
-on the CPU: in-place inputs restored before every launch and outside the timed window, scratch
-poisoned, writes to undeclared inputs caught, a tolerance per output."""
+"""The optional hooks of a kernel's contract (perfloop.core.hooks) as the trusted timer applies
+them, on the CPU: every launch on inputs drawn for it (in-place inputs never compound), scratch
+poisoned, writes to undeclared inputs caught, a tolerance per output (perfloop.referee.slots)."""
 
 import json
+import random
 import shutil
 import types
 from pathlib import Path
 
 import pytest
 
-from perfloop.child import clock as measure
-from perfloop.child.timer import OutputCheck
 from perfloop.core import hooks
 from perfloop.core import outputs as verify
 from perfloop.core.kernel import Shape
-from perfloop.core.playbook import Measure
+from perfloop.referee.slots import Checked, Slots
 
 torch = pytest.importorskip("torch")
 
 SHAPE = Shape("s", (64,), "float32", headline=True)
-SETTINGS = Measure(rounds=4, round_ms=5, warmup_ms=3, min_reps=5, max_reps=8)
-
-
-class RecordingClock:
-    """A clock whose window is the call itself: it logs 'start' and 'stop' around each call,
-    so anything perfloop does (logged by the spies below) shows where it fell."""
-
-    def __init__(self):
-        self.log = []
-
-    def time_batch(self, fn, reps, before=None):
-        out = []
-        for i in range(reps):
-            if before is not None:
-                before(i)
-            self.log.append("start")
-            fn()
-            self.log.append("stop")
-            out.append(1.0)
-        return out
-
-    def describe(self):
-        return {"clock": "recording"}
 
 
 def axpy_contract(**extra):
@@ -59,18 +35,22 @@ def axpy_contract(**extra):
         "empty_output": lambda inputs: torch.empty_like(inputs[0]), **extra})
 
 
-def timed(contract, launch, *, tolerance=None, clock=None):
-    """Time `launch` alone the way the worker does at one shape; returns (Checked, clock)."""
-    clock = clock or RecordingClock()
-    inputs = contract.make_inputs(SHAPE, 0, "cpu")
-    out = contract.empty_output(inputs)
-    kernel_hooks, extra, restore = hooks.prepare(contract, inputs, out)
-    check = OutputCheck(contract, SHAPE, inputs, out, tolerance or {}, "cpu", seed=1,
-                        overhead={"fresh_inputs": 0.0, "output_check": 0.0},
-                        kernel_hooks=kernel_hooks, restore=restore)
-    rounds = measure.alternating(clock, {"v": lambda: launch(inputs, out, *extra)}, SETTINGS,
-                                 verifier=check)
-    return rounds.checked["v"], clock
+def timed(contract, launch, *, tolerance=None, batches=6, slots=5, log=None) -> Checked:
+    """Run `launch` in batches the way a launcher does for the trusted timer at one shape
+    (every slot refilled, then launched once), with every slot checked; the checks' result."""
+    mine = Slots(contract, SHAPE, slots, "cpu", 1, tolerance or {}, random.Random(0))
+    checked = Checked()
+    for _ in range(batches):
+        drawn = mine.refill(slots, slots)
+        if log is not None:
+            log.append("refill")
+        for inputs, out, extra in mine.buffers[:slots]:
+            launch(inputs, out, *extra)
+        failures = mine.check(drawn, mine.copy(drawn))
+        checked.count += len(drawn)
+        checked.passed = checked.passed and not failures
+        checked.failures += failures
+    return checked
 
 
 def test_a_correct_in_place_kernel_passes_and_its_launches_never_compound():
@@ -82,35 +62,25 @@ def test_a_correct_in_place_kernel_passes_and_its_launches_never_compound():
         out.copy_(x + 1)
         y.add_(2 * x)
 
-    checked, _ = timed(axpy_contract(), launch)
+    checked = timed(axpy_contract(), launch)
     assert checked.passed, checked.failures
-    assert len(seen) > 30 and max(seen) < 1.0
+    assert len(seen) == 30 and max(seen) < 1.0
 
 
-def test_the_restore_happens_before_every_launch_and_outside_the_timed_window(monkeypatch):
-    clock = RecordingClock()
-    real = verify.refill
-    monkeypatch.setattr(verify, "refill", lambda d, s: (clock.log.append("refill"), real(d, s)))
-    calls = []
+def test_every_launch_runs_on_inputs_drawn_for_it():
+    """Each batch launches every slot once, after every slot was drawn afresh: no launch sees
+    what an earlier one left, nor inputs it has seen before."""
+    log, seen = [], []
 
     def launch(inputs, out):
-        clock.log.append("launch")
-        calls.append(1)
+        log.append("launch")
+        seen.append(inputs[0].numpy().tobytes())
         out.copy_(inputs[0] + 1)
         inputs[1].add_(2 * inputs[0])
 
-    timed(axpy_contract(), launch, clock=clock)
-    inside = False
-    for event in clock.log:                 # nothing of perfloop's between start and stop
-        assert not inside or event in ("launch", "stop"), clock.log
-        inside = event == "start" or inside and event != "stop"
-    # every launch, timed or not (first call, host timing, warm-up), follows a restore
-    log = clock.log
-    launches = [i for i, e in enumerate(log) if e == "launch"]
-    assert len(launches) == len(calls) > 30
-    for i in launches:
-        last = [e for e in log[:i] if e in ("refill", "launch")]
-        assert last and last[-1] == "refill", log[max(0, i - 4):i + 1]
+    timed(axpy_contract(), launch, log=log)
+    assert log == (["refill"] + ["launch"] * 5) * 6
+    assert len(set(seen)) == len(seen) == 30
 
 
 def test_an_in_place_kernel_right_only_on_its_first_launch_fails():
@@ -124,34 +94,32 @@ def test_an_in_place_kernel_right_only_on_its_first_launch_fails():
             y.add_(2 * x)
         calls.append(1)
 
-    checked, _ = timed(axpy_contract(), launch)
+    checked = timed(axpy_contract(), launch)
     assert not checked.passed
     assert checked.failures[0]["output"] == 1   # the in-place input, not the output
 
 
-def test_a_kernel_that_skips_work_when_the_buffer_already_holds_the_result_never_can():
-    """Without the restore, the buffer would hold the previous launch's result."""
-    done, skipped = {}, []
+def test_a_kernel_that_skips_work_on_inputs_it_has_seen_never_can():
+    """It remembers its inputs by content and skips the work when they come again: they never
+    do, every launch's inputs are drawn for it."""
+    done, skipped = set(), []
 
     def launch(inputs, out):
         x, y = inputs
-        out.copy_(x + 1)
-        key = y.data_ptr()
-        if key in done and torch.equal(done[key], y):
+        key = x.numpy().tobytes() + y.numpy().tobytes()
+        if key in done:
             skipped.append(1)
             return                                      # "already up to date"
+        out.copy_(x + 1)
         y.add_(2 * x)
-        done[key] = y.clone()
+        done.add(key)
 
-    checked, _ = timed(axpy_contract(), launch)
-    # y is restored before every launch, so it never holds a result: the kernel does its work
-    # every time, and is right
+    checked = timed(axpy_contract(), launch)
     assert checked.passed and not skipped
 
 
 def test_a_launch_that_writes_an_undeclared_input_fails_though_its_outputs_are_right():
-    """out = 2 x, with x used as working memory. Its checked launch runs on fresh inputs, so its
-    output matches the reference, yet every other launch ran on what it left in x."""
+    """out = 2 x, with x used as working memory."""
 
     def make_inputs(shape, seed, device):
         return (torch.rand(shape.dims, generator=torch.Generator().manual_seed(seed)),)
@@ -163,7 +131,7 @@ def test_a_launch_that_writes_an_undeclared_input_fails_though_its_outputs_are_r
         out.copy_(2 * inputs[0])
         inputs[0].mul_(0.5)
 
-    checked, _ = timed(contract, launch)
+    checked = timed(contract, launch)
     assert not checked.passed
     first = checked.failures[0]
     assert first["rel_err"] < 1e-6                        # the output itself was right
@@ -176,14 +144,14 @@ def test_a_per_output_tolerance_tighter_than_the_dtype_default_rejects_what_it_w
         out.copy_((x + 1) * (1 + 3e-6))
         y.add_(2 * x)
 
-    assert timed(axpy_contract(), launch)[0].passed       # float32 default: 1e-5
+    assert timed(axpy_contract(), launch).passed          # float32 default: 1e-5
     tight = {"rtol": 1e-7, "atol": 0.0, "max_rel_err": 1e-7}
-    checked, _ = timed(axpy_contract(tolerance=lambda shape, index, dtype:
-                                     tight if index == 0 else None), launch)
+    checked = timed(axpy_contract(tolerance=lambda shape, index, dtype:
+                                  tight if index == 0 else None), launch)
     assert not checked.passed and checked.failures[0]["max_rel_err"] == 1e-7
     # the same tightening of the in-place output alone leaves `out` to the default: passes
-    checked, _ = timed(axpy_contract(tolerance=lambda shape, index, dtype:
-                                     tight if index == 1 else None), launch)
+    checked = timed(axpy_contract(tolerance=lambda shape, index, dtype:
+                                  tight if index == 1 else None), launch)
     assert checked.passed
 
 
@@ -197,39 +165,17 @@ def test_scratch_is_passed_to_the_launch_poisoned_each_time_and_never_checked():
         inputs[1].add_(2 * inputs[0])
         scratch.fill_(123.0)                            # garbage left behind is nobody's business
 
-    assert timed(contract, honest)[0].passed
+    assert timed(contract, honest).passed
 
     def reuses(inputs, out, scratch):                  # keeps a result in scratch across calls
-        if "done" not in kept:
+        key = scratch.data_ptr()
+        if key not in kept:
             scratch.copy_(inputs[0] + 1)
-            kept["done"] = True
+            kept[key] = True
         out.copy_(scratch)
         inputs[1].add_(2 * inputs[0])
 
-    assert not timed(contract, reuses)[0].passed
-
-
-def test_a_kernel_without_hooks_is_timed_as_before(monkeypatch):
-    """No restore, no extra work before any launch: only the output's poison."""
-    clock = RecordingClock()
-    real_refill, real_poison = verify.refill, verify.poison
-    monkeypatch.setattr(verify, "refill", lambda d, s: (clock.log.append("refill"),
-                                                        real_refill(d, s)))
-    monkeypatch.setattr(verify, "poison", lambda x: (clock.log.append("poison"), real_poison(x)))
-    contract = axpy_contract()
-    del contract.INPLACE
-    contract.reference = lambda x, y: x + 1
-
-    def launch(inputs, out):
-        out.copy_(inputs[0] + 1)
-
-    checked, _ = timed(contract, launch, clock=clock)
-    assert checked.passed
-    refills = clock.log.count("refill")
-    assert refills == SETTINGS.rounds        # the fresh inputs of each batch's checked launch
-    assert all(e in ("start", "stop", "poison", "refill") for e in clock.log)
-    before = clock.log[:clock.log.index("poison")]
-    assert set(before) <= {"start", "stop"}  # warm-up and host timing: nothing in between
+    assert not timed(contract, reuses).passed
 
 
 @pytest.mark.parametrize("inplace, message", [
@@ -256,8 +202,8 @@ def test_a_tolerance_hook_that_answers_nonsense_is_refused():
 
 
 def test_a_judge_gets_the_tolerance_hook_from_the_runs_pinned_copy(tmp_path, monkeypatch):
-    from perfloop.child import judge_api as correctness
-    from perfloop.child import judge_plugin as judging
+    from perfloop.core import judge_api as correctness
+    from perfloop.core import judging
 
     folders = {}
     for name, atol in (("work", 0.5), ("pinned", 1e-9)):   # an experiment loosened "work"
@@ -294,7 +240,7 @@ def matmul():
 
 
 def test_matmuls_tolerance_grows_with_k_and_the_judge_reads_the_same(matmul):
-    from perfloop.child import judge_api as correctness
+    from perfloop.core import judge_api as correctness
 
     def at(k, dtype="bfloat16"):
         return matmul.tolerance(Shape("s", (64, 64, k), dtype), 0, dtype)
@@ -342,7 +288,7 @@ def _step_with_mode(repo, mode: str) -> dict:
     knobs = repo.kernel / "knobs.json"
     knobs.write_text(knobs.read_text().replace('"mode": "ok"', f'"mode": "{mode}"'))
     code, out, err = repo.cli("step", "--kernel", "scripted", "--describe", f"mode {mode}")
-    assert code == 0, err
+    assert code == 0, (out, err)
     return out["experiment"]
 
 
@@ -351,7 +297,9 @@ def test_an_in_place_kernel_is_timed_and_checked_through_the_loop(inplace):
     assert code == 0 and (out["experiment"]["status"], out["experiment"]["correctness"]) == (
         "keep", "PASS"), (out, err)
     # the baseline's timed launches were checked (y included: see the "once" cheat below)
-    assert inplace.records()[0]["timing"]["method"]["overhead_s"]["output_check"] > 0
+    checked = inplace.records()[0]["timing"]["shapes"]["head"]
+    assert "launches per batch" in inplace.records()[0]["timing"]["method"]["verified"]
+    assert checked["reps_per_round"] > 1
 
 
 @pytest.mark.parametrize("mode, reason", [
@@ -380,22 +328,6 @@ def test_memory_is_shared_only_where_views_overlap():
     assert not verify.same_memory(whole, torch.zeros(100))
     values = [1.0, 2.0]
     assert verify.same_memory(values, values) and not verify.same_memory(values, list(values))
-
-
-def test_the_cuda_clock_runs_before_ahead_of_its_flush_pad_and_start_event():
-    """The restore runs in `before`: on the GPU clock that must come ahead of the L2 flush (so
-    the flush evicts what the copy wrote) and the sleep pad, and outside the events."""
-    log = []
-    clock = object.__new__(measure.CudaClock)
-    clock.pad_us, clock.cycles_per_us = 20.0, 1.0
-    clock._event = lambda enable_timing: object()
-    clock._record = lambda event: log.append("record")
-    clock.flush = lambda: log.append("flush")
-    clock._sleep = lambda cycles: log.append("sleep")
-    clock._sync = lambda: log.append("sync")
-    clock._elapsed = lambda start, end: 1.0
-    clock.time_batch(lambda: log.append("launch"), 2, before=lambda i: log.append("before"))
-    assert log == ["before", "flush", "sleep", "record", "launch", "record"] * 2 + ["sync"]
 
 
 @pytest.mark.parametrize("name", ["swiglu", "rmsnorm", "softmax", "matmul"])

@@ -1,4 +1,4 @@
-"""Judge processes and timing workers started ahead of their experiment (phases.JudgePool,
+"""Judge processes and timing workers started ahead of their experiment (judge_mod.JudgePool,
 phases.start_timer_ahead): they wait, with what they import loaded, for their task; what they
 judge or time is what a child started then judges or times."""
 
@@ -9,7 +9,9 @@ from pathlib import Path
 
 from support.timing import time_scripted
 
+from perfloop.measure import judge as judge_mod
 from perfloop.measure import phases
+from perfloop.run import ahead
 from perfloop.store.session import Session
 
 
@@ -20,14 +22,14 @@ def _variants(scratch, **modes) -> list[dict]:
 
 
 def _judge(scratch, judge: Path, work: Path, variants, processes: int, pool=None):
-    return phases.judge(judge, variants, cwd=scratch.path, work=work,
+    return judge_mod.judge(judge, variants, cwd=scratch.path, work=work,
                         deadline=time.monotonic() + 300, stall_s=120,
                         env=phases.child_env(scratch.path / "playbook"), processes=processes,
                         share_cases=True, pool=pool)
 
 
-def _start(scratch, judge: Path, work: Path, processes: int) -> phases.JudgePool:
-    return phases.start_judges(judge, cwd=scratch.path, work=work, processes=processes,
+def _start(scratch, judge: Path, work: Path, processes: int) -> judge_mod.JudgePool:
+    return judge_mod.start_judges(judge, cwd=scratch.path, work=work, processes=processes,
                                env=phases.child_env(scratch.path / "playbook"))
 
 
@@ -122,18 +124,18 @@ def test_children_start_ahead_only_for_a_gpu_kernel_in_a_run_of_several_experime
     monkeypatch.chdir(scratch.path)
     s = Session("scripted")
     s.ahead = True
-    s.start_ahead()
+    ahead.start(s)
     assert s.judges is None and s.timer is None  # requires_gpu = false
     s.spec = dataclasses.replace(s.spec, requires_gpu=True)
     s.ahead = False
-    s.start_ahead()
+    ahead.start(s)
     assert s.judges is None and s.timer is None
     s.ahead = True
-    s.start_ahead()
+    ahead.start(s)
     try:
         assert s.judges is not None and len(s.judges.ready) == s.playbook.rules.judge_processes
         waiting = [running for _, running in s.judges.ready] + [s.timer[1]]
     finally:
-        s.discard_ahead()
+        ahead.discard(s)
     assert s.judges is None and s.timer is None
     assert all(r.proc.poll() is not None for r in waiting)

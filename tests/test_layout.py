@@ -7,8 +7,9 @@ from functools import lru_cache
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "perfloop"
+# public import paths kept for kernels and judges
 ALIASES = {"perfloop.dispatch", "perfloop.autotune", "perfloop.correctness",
-           "perfloop.playbook"}  # public import paths kept for kernels and judges
+           "perfloop.playbook", "perfloop.kernel_tools"}
 
 
 def _name(path: Path) -> str:
@@ -101,3 +102,15 @@ def test_the_kernel_contract_keeps_its_public_path():
     assert kernel.load_spec is manifest.load_spec
     assert kernel.triton_competitor is core_kernel.triton_competitor
     assert kernel.Shape is core_kernel.Shape
+
+
+def test_every_layer_is_packaged():
+    """A folder missing from pyproject's package list is left out of a wheel (an editable
+    install still finds it, so nothing else would notice)."""
+    import tomllib
+
+    root = Path(__file__).resolve().parent.parent
+    listed = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+                 ["packages"])
+    folders = {"perfloop." + p.parent.name for p in (root / "perfloop").glob("*/__init__.py")}
+    assert folders <= listed, folders - listed

@@ -144,6 +144,7 @@ def test_refuses_to_start_on_uncommitted_changes_to_tracked_files(scratch):
     assert (scratch.path / "README.md").read_text() == "edited by the user\n"
 
 
+@pytest.mark.smoke  # init and one agent step, end to end, in the default run
 def test_agent_edits_are_judged_and_edits_elsewhere_refused_untouched(scratch):
     scratch.script(GAINS[:1])
     scratch.commit_all("script")
@@ -164,25 +165,23 @@ def test_agent_edits_are_judged_and_edits_elsewhere_refused_untouched(scratch):
     assert scratch.table().splitlines()[-1].startswith(f"| 1         | {'fast math by hand':<40} |")
 
 
-def test_playbook_step_refuses_uncommitted_edits_inside_the_folder(scratch):
-    assert scratch.cli("init", "--kernel", "scripted")[0] == 0
-    (scratch.kernel / "notes.txt").write_text("scratch\n")
-    code, out, _ = scratch.cli("step", "--kernel", "scripted", "--opt", "fast_math")
+def test_playbook_step_refuses_uncommitted_edits_inside_the_folder(started):
+    (started.kernel / "notes.txt").write_text("started\n")
+    code, out, _ = started.cli("step", "--kernel", "scripted", "--opt", "fast_math")
     assert code == 2 and "--describe" in out["error"]
-    assert (scratch.kernel / "notes.txt").exists()
+    assert (started.kernel / "notes.txt").exists()
 
 
-def test_a_second_run_gets_a_suffixed_branch_and_the_first_is_archived(scratch):
-    assert scratch.cli("init", "--kernel", "scripted")[0] == 0
-    first = scratch.branch()
-    code, out, _ = scratch.cli("init", "--kernel", "scripted")
+def test_a_second_run_gets_a_suffixed_branch_and_the_first_is_archived(started):
+    first = started.branch()
+    code, out, _ = started.cli("init", "--kernel", "scripted")
     assert code == 2 and "in progress" in out["error"] and "--new" in out["error"]
-    git(scratch.path, "checkout", "-q", "main")
-    code, out, _ = scratch.cli("init", "--kernel", "scripted", "--new")
-    assert code == 0 and out["status"]["branch"] == f"{first}-2" == scratch.branch()
-    archived = list((scratch.path / "sandbox/_archive/scripted").glob("*/perf_results.md"))
+    git(started.path, "checkout", "-q", "main")
+    code, out, _ = started.cli("init", "--kernel", "scripted", "--new")
+    assert code == 0 and out["status"]["branch"] == f"{first}-2" == started.branch()
+    archived = list((started.path / "sandbox/_archive/scripted").glob("*/perf_results.md"))
     assert len(archived) == 1 and first in archived[0].parent.name
-    assert len(table.read_rows(scratch.path / "sandbox/scripted/perf_results.md")) == 1
+    assert len(table.read_rows(started.path / "sandbox/scripted/perf_results.md")) == 1
 
 
 def test_a_kernel_folder_named_by_path_from_outside_its_repository(scratch, tmp_path):

@@ -48,12 +48,6 @@ def cli(scratch, *args, path: str, json_out=True, **env):
     return proc.returncode, json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
 
 
-@pytest.fixture
-def started(scratch):
-    assert scratch.cli("init", "--kernel", "scripted")[0] == 0
-    return scratch
-
-
 def profile_with(started, fake_ncu, mode: str, **env):
     folder, log = fake_ncu
     return cli(started, "profile", "--kernel", "scripted",

@@ -4,6 +4,7 @@ scripted kernel, and the pure functions it is made of."""
 import base64
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -178,6 +179,15 @@ def test_report_before_the_run_stops_says_the_speedup_is_not_confirmed(scratch):
     code, text, _ = human(scratch, "report", "--kernel", "scripted")
     assert "not confirmed in one process" in text and "multiply to 1.250x" in text
     assert "the baseline and 1 changes (1 kept, 0 reverted" in text
+    # RESULTS.md says so, and may not go into the folder the next experiment commits
+    code, r, _ = scratch.cli("report", "--kernel", "scripted", "--results", "sandbox/R.md")
+    assert code == 0 and "Not confirmed: the run has not stopped" in (
+        scratch.path / "sandbox/R.md").read_text()
+    before = scratch.snapshot()
+    code, r, _ = scratch.cli("report", "--kernel", "scripted", "--results",
+                             "kernels/scripted/RESULTS.md")
+    assert code == 2 and "the run has not stopped" in r["error"]
+    assert scratch.snapshot() == before
 
 
 def test_report_reads_floors_and_the_last_bench(finished, tmp_path):
@@ -196,6 +206,51 @@ def test_report_reads_floors_and_the_last_bench(finished, tmp_path):
     code, text, _ = human(repo, "report", "--kernel", "scripted")
     assert "torch-compile ms (bench)" in text and "0.500 -> 0.868" in text
     assert "which timed the final knobs" in text
+
+
+# ---- RESULTS.md ------------------------------------------------------------------------------
+WORKLOAD = [{"shape": "held:head", "bucket": "big", "cutile_ms": 0.61, "best_peer": "torch-compile",
+             "best_peer_ms": 0.55, "vs_best_peer": [0.89, 0.91]}]
+
+
+def test_results_page_is_the_current_result_from_the_record(finished, tmp_path):
+    repo = copy_of(finished, tmp_path)
+    add_floors_and_bench(repo)
+    bench_path = repo.path / "sandbox/scripted/bench.json"
+    bench = json.loads(bench_path.read_text())
+    bench_path.write_text(json.dumps({**bench, "workload": WORKLOAD}))
+    before = repo.snapshot()
+    out = tmp_path / "RESULTS.md"
+    code, r, err = repo.cli("report", "--kernel", "scripted", "--results", str(out))
+    assert code == 0 and r["results"] == str(out), err
+    assert repo.snapshot() == before                       # only the file it was asked for
+    text = out.read_text(encoding="utf-8")
+    assert len(text) <= 6000
+    assert repo.table() in text                            # the table as written
+    baseline = repo.records()[0]
+    assert f"Python {baseline['environment']['python']}" in text
+    [confirmation] = repo.confirmations()
+    for name, c in confirmation["shapes"].items():
+        lo, hi = c["speedup_ci"]
+        assert re.search(rf"^\| {name}( \(headline\))? \| .* \| {c['speedup']:.3f}x "
+                         rf"\({lo:.3f}-{hi:.3f}\) \|$", text, re.M), name
+    assert "| head (headline) | torch-compile | 0.5220 | 0.958 | 0.900 (0.900-0.900) |" in text
+    assert "timed the final knobs" in text
+    assert "| held:head | big | 0.61 | torch-compile | 0.55 | 0.89-0.91 |" in text
+    code, shown, _ = human(repo, "report", "--kernel", "scripted", "--results", str(out))
+    assert code == 0 and f"RESULTS written to {out}" in shown
+
+
+def test_results_may_replace_the_kernels_own_results_once_the_run_stopped(finished, tmp_path):
+    repo = copy_of(finished, tmp_path)
+    code, r, err = repo.cli("report", "--kernel", "scripted", "--results",
+                            "kernels/scripted/RESULTS.md")
+    assert code == 0, err
+    assert (repo.kernel / "RESULTS.md").read_text().startswith("# scripted: the current result")
+    assert r["results"] == str(repo.kernel / "RESULTS.md")
+    code, r, _ = repo.cli("report", "--kernel", "scripted", "--results", "kernels/scripted/x.md")
+    assert code == 2 and "is inside the kernel folder" in r["error"]
+    assert not (repo.kernel / "x.md").exists()
 
 
 # ---- files: HTML and PNG --------------------------------------------------------------------

@@ -65,9 +65,8 @@ def test_an_interrupted_run_resumed_ends_where_an_uninterrupted_one_does(scratch
     assert out["stop_reason"].endswith("stop")
 
 
-def test_resume_with_nothing_interrupted_says_so(scratch):
-    assert scratch.cli("init", "--kernel", "scripted")[0] == 0
-    code, out, _ = scratch.cli("step", "--kernel", "scripted", "--resume")
+def test_resume_with_nothing_interrupted_says_so(started):
+    code, out, _ = started.cli("step", "--kernel", "scripted", "--resume")
     assert code == 2 and "nothing to resume" in out["error"]
 
 

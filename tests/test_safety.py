@@ -30,26 +30,24 @@ def _still_there(edits: dict) -> bool:
 
 # ---- 1. run must not sweep uncommitted edits into an experiment ---------------------------
 @pytest.mark.parametrize("args", [["--resume", "--max-iterations", "1"], ["--resume"]])
-def test_run_resume_refuses_uncommitted_edits_in_the_folder(scratch, args):
-    assert scratch.cli("init", "--kernel", "scripted")[0] == 0
-    edits = _edit_inside(scratch)
-    before = scratch.snapshot()
-    code, out, _ = scratch.cli("run", "--kernel", "scripted", *args)
+def test_run_resume_refuses_uncommitted_edits_in_the_folder(started, args):
+    edits = _edit_inside(started)
+    before = started.snapshot()
+    code, out, _ = started.cli("run", "--kernel", "scripted", *args)
     assert code == 2 and "uncommitted edits inside kernels/scripted/" in out["error"]
-    assert "kernel.py" in out["error"] and _still_there(edits) and scratch.snapshot() == before
-    assert len(scratch.records()) == 1
+    assert "kernel.py" in out["error"] and _still_there(edits) and started.snapshot() == before
+    assert len(started.records()) == 1
 
 
-def test_resume_of_an_interrupted_playbook_step_refuses_edits_made_after_the_kill(scratch):
-    assert scratch.cli("init", "--kernel", "scripted")[0] == 0
-    code, _, _ = scratch.cli("step", "--kernel", "scripted", "--opt", "fast_math",
+def test_resume_of_an_interrupted_playbook_step_refuses_edits_made_after_the_kill(started):
+    code, _, _ = started.cli("step", "--kernel", "scripted", "--opt", "fast_math",
                              env={"PERFLOOP_CRASH_AT": "timing@1"})
     assert code == -9
-    edits = _edit_inside(scratch)
-    before = scratch.snapshot()
-    code, out, _ = scratch.cli("run", "--kernel", "scripted", "--resume")
+    edits = _edit_inside(started)
+    before = started.snapshot()
+    code, out, _ = started.cli("run", "--kernel", "scripted", "--resume")
     assert code == 2 and "perfloop will not overwrite it" in out["error"]
-    assert _still_there(edits) and scratch.snapshot() == before
+    assert _still_there(edits) and started.snapshot() == before
 
 
 # ---- 2. a failed init leaves nothing half made --------------------------------------------
@@ -103,16 +101,15 @@ def test_a_baseline_that_fails_is_undone(scratch):
     assert git(scratch.path, "merge-base", "--is-ancestor", fix, "HEAD") == ""
 
 
-def test_an_interrupted_run_is_not_archived_silently(scratch):
-    assert scratch.cli("init", "--kernel", "scripted")[0] == 0
-    code, _, _ = scratch.cli("step", "--kernel", "scripted", "--opt", "fast_math",
+def test_an_interrupted_run_is_not_archived_silently(started):
+    code, _, _ = started.cli("step", "--kernel", "scripted", "--opt", "fast_math",
                              env={"PERFLOOP_CRASH_AT": "timing@1"})
     assert code == -9
-    git(scratch.path, "checkout", "-q", "main")
-    before = scratch.snapshot()
-    code, out, _ = scratch.cli("run", "--kernel", "scripted")
+    git(started.path, "checkout", "-q", "main")
+    before = started.snapshot()
+    code, out, _ = started.cli("run", "--kernel", "scripted")
     assert code == 2 and "was interrupted" in out["error"] and "--resume" in out["error"]
-    assert scratch.snapshot() == before
+    assert started.snapshot() == before
 
 
 @pytest.mark.parametrize("phase", ["commit", "committed"])
@@ -217,12 +214,11 @@ def _strict_json(text: str):
     return json.loads(text, parse_constant=reject)
 
 
-def test_every_json_answer_is_strict_json(scratch):
-    assert scratch.cli("init", "--kernel", "scripted")[0] == 0
+def test_every_json_answer_is_strict_json(started):
     for args in (["report"], ["status"], ["next"], ["step", "--opt", "nosuch"],
                  ["run", "--max-iterations", "-1"], ["step"], ["bench"]):
         proc = subprocess.run([sys.executable, "-m", "perfloop", args[0], "--kernel", "scripted",
-                               *args[1:], "--json"], cwd=scratch.path, capture_output=True,
+                               *args[1:], "--json"], cwd=started.path, capture_output=True,
                               text=True, env={**os.environ, "PYTHONPATH": pythonpath()})
         answer = _strict_json(proc.stdout.strip().splitlines()[-1])
         assert answer["schema"] == 1 and answer["ok"] == (proc.returncode == 0), args
@@ -231,13 +227,12 @@ def test_every_json_answer_is_strict_json(scratch):
             assert "\n" not in answer["error"]
 
 
-def test_report_json_has_no_nan_when_phases_differ(scratch):
-    assert scratch.cli("init", "--kernel", "scripted")[0] == 0
-    knobs = scratch.kernel / "knobs.json"
+def test_report_json_has_no_nan_when_phases_differ(started):
+    knobs = started.kernel / "knobs.json"
     knobs.write_text(knobs.read_text().replace('"mode": "ok"', '"mode": "wrong"'))
-    assert scratch.cli("step", "--kernel", "scripted", "--describe", "wrong by hand")[0] == 0
+    assert started.cli("step", "--kernel", "scripted", "--describe", "wrong by hand")[0] == 0
     proc = subprocess.run([sys.executable, "-m", "perfloop", "report", "--kernel", "scripted",
-                           "--json"], cwd=scratch.path, capture_output=True, text=True,
+                           "--json"], cwd=started.path, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": pythonpath()})
     assert "NaN" not in proc.stdout
     rows = _strict_json(proc.stdout)["rows"]
@@ -266,15 +261,14 @@ BAD_INPUT = {
 
 
 @pytest.mark.parametrize("mistake", BAD_INPUT)
-def test_bad_state_gives_one_line_and_exit_2(scratch, mistake):
-    assert scratch.cli("init", "--kernel", "scripted")[0] == 0
-    scratch.run_branch = scratch.branch()
+def test_bad_state_gives_one_line_and_exit_2(started, mistake):
+    started.run_branch = started.branch()
     damage, args, message = BAD_INPUT[mistake]
-    damage(scratch)
-    before = scratch.snapshot()
-    code, out, err = scratch.cli(args[0], "--kernel", "scripted", *args[1:])
+    damage(started)
+    before = started.snapshot()
+    code, out, err = started.cli(args[0], "--kernel", "scripted", *args[1:])
     assert code == 2 and message in out["error"], out
-    assert "internal error" not in out["error"] and scratch.snapshot() == before
+    assert "internal error" not in out["error"] and started.snapshot() == before
 
 
 def test_max_iterations_must_not_be_negative(scratch):

@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from perfloop.child import clock as measure
+from perfloop.referee import clock as measure
 from perfloop.core import dispatch, knobspace, vocab
 from perfloop.core.errors import UserError
 from perfloop.core.playbook import SHIPPED, DecisionRules, Measure, StopRules, load
 from perfloop.core.stats import Comparison
 from perfloop.core.vocab import Status, StopReason
+from perfloop.measure import judge as judge_mod
 from perfloop.measure import phases
 from perfloop.plan import budget, decide, search
 
@@ -954,19 +955,19 @@ def test_candidates_are_judged_in_processes_side_by_side(scratch, processes):
 
 def test_processes_share_whole_variants_or_one_variants_cases():
     v = [{"label": f"c{i}"} for i in range(5)]
-    assert phases.split(v, 4) == [([v[0], v[4]], None), ([v[1]], None), ([v[2]], None),
+    assert judge_mod.split(v, 4) == [([v[0], v[4]], None), ([v[1]], None), ([v[2]], None),
                                   ([v[3]], None)]
-    assert phases.split(v[:1], 4) == [([v[0]], (k, 4)) for k in range(4)]
-    assert phases.split(v[:3], 4) == [([v[0]], (0, 2)), ([v[0]], (1, 2)), ([v[1]], None),
+    assert judge_mod.split(v[:1], 4) == [([v[0]], (k, 4)) for k in range(4)]
+    assert judge_mod.split(v[:3], 4) == [([v[0]], (0, 2)), ([v[0]], (1, 2)), ([v[1]], None),
                                       ([v[2]], None)]
-    assert phases.split(v[:2], 1) == [([v[0], v[1]], None)]
+    assert judge_mod.split(v[:2], 1) == [([v[0], v[1]], None)]
 
 
 def _judge_in_shards(scratch, work: Path, processes: int = 4, **modes):
     knobs = json.loads((scratch.kernel / "knobs.json").read_text())
     variants = [{"label": label, "folder": str(scratch.kernel), "knobs": {**knobs, "mode": mode}}
                 for label, mode in modes.items()]
-    return phases.judge(scratch.path / "tests" / "judge_scripted.py", variants,
+    return judge_mod.judge(scratch.path / "tests" / "judge_scripted.py", variants,
                         cwd=scratch.path, work=work, deadline=time.monotonic() + 300,
                         stall_s=120, env=phases.child_env(scratch.path / "playbook"),
                         processes=processes, share_cases=True)
@@ -1155,7 +1156,10 @@ def test_warmers_build_and_launch_each_variant_in_their_own_processes(tmp_path):
         time.sleep(0.1)
     pids = {p.stem for p in dump.glob("*.json")}
     assert len(pids) == 2                              # two processes built variants
-    time.sleep(1)
+    deadline = time.monotonic() + 30                   # a loaded machine is slow to finish
+    while all(r.proc.poll() is None for r in running) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.5)
     assert phases.stop_warmers(running) == 1           # the one with the hanging variant was
     assert all(r.proc.poll() is not None for r in running)   # still at it, and is stopped
     # before a screening, perfloop waits for them: for the ones that finish, and no longer
@@ -1185,12 +1189,13 @@ def test_the_chosen_candidate_is_re_timed_without_the_cliff_drop(monkeypatch):
     # On an H100 a softmax candidate ran 1.26x the incumbent's time at one shape in the first
     # pass, then showed a 9.7x warm-up there when re-timed; dropped as a cliff, it left the
     # experiment with nothing timed (recorded as a crash). The re-timing pass has no cliff drop.
-    from perfloop.child import timer as worker
+    from perfloop.referee import timer as worker
 
-    w = worker.Worker.__new__(worker.Worker)
+    w = worker.Timer.__new__(worker.Timer)
     w.settings = Measure(rounds=3, round_ms=5, warmup_ms=20, min_reps=3, max_reps=5, cliff_ratio=4)
-    w.failed, w.select, w.gpu, w.stream_check, w.overhead = {}, True, False, "not run", {}
+    w.failed, w.select, w.gpu, w.simulated = {}, True, False, None
     w.labels = ["incumbent", "incumbent-again", "a", "b"]
+    w.launchers = {label: object() for label in w.labels}
     w.clock = FakeClock()
     w.clock.describe = lambda: {"clock": "fake"}
     w.spec = {"shapes": [{"name": "head", "dims": [8], "dtype": "float32"},

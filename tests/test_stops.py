@@ -87,12 +87,6 @@ def test_a_state_file_with_a_stop_that_makes_no_sense_is_refused(change, problem
 
 
 # ---- through the CLI -------------------------------------------------------------------------
-@pytest.fixture
-def started(scratch):
-    assert scratch.cli("init", "--kernel", "scripted")[0] == 0
-    return scratch
-
-
 def edit_state(scratch, **changes):
     path = scratch.path / "sandbox/scripted/state.json"
     raw = {**json.loads(path.read_text()), **changes}

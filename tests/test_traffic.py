@@ -207,7 +207,7 @@ def test_the_loop_classifies_the_baseline_from_its_record_against_the_timing_dev
     from types import SimpleNamespace
 
     from perfloop.measure import phases
-    from perfloop.run import experiment as iteration
+    from perfloop.run import finish as iteration
 
     rounds = [[1.0] * 3] * 3
     timed = {"rounds": {"incumbent": rounds, "incumbent-again": rounds}, "reps": 3,
@@ -232,8 +232,8 @@ def test_the_loop_classifies_the_baseline_from_its_record_against_the_timing_dev
 def test_a_timing_process_given_a_wrong_traffic_stops_with_its_one_line(tmp_path):
     import json
 
-    from perfloop.child import timer as worker
     from perfloop.measure import phases
+    from perfloop.referee import timer as worker
 
     folder = tmp_path / "mine"
     folder.mkdir()
@@ -241,6 +241,7 @@ def test_a_timing_process_given_a_wrong_traffic_stops_with_its_one_line(tmp_path
     spec = {"measure": {"rounds": 3, "round_ms": 5, "warmup_ms": 20, "min_reps": 3,
                         "max_reps": 5}, "progress": str(tmp_path / "progress.jsonl"),
             "variants": [], "contract_folder": str(folder), "out": str(tmp_path / "out.json"),
+            "root": str(tmp_path),
             "shapes": [{"name": "s", "dims": [8], "dtype": "float32"}]}
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     assert worker.main(str(tmp_path / "spec.json")) == 6

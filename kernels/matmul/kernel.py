@@ -14,9 +14,6 @@ Every knob in knobs.json is a compile-time constant or a kernel hint:
 
 from __future__ import annotations
 
-import functools
-import io
-import json
 import math
 from pathlib import Path
 
@@ -24,10 +21,11 @@ import cuda.tile as ct
 import torch
 
 from perfloop import dispatch
+from perfloop import kernel_tools as kt
 
 ZERO = ct.PaddingMode.ZERO
 PERSISTENT_OCCUPANCY = 1  # blocks per SM of a persistent grid when occupancy is unset
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = kt.dtypes(("bfloat16", "float16"))
 KNOBS = Path(__file__).resolve().parent / "knobs.json"
 SMALL_M = 256             # the dispatch buckets: skinny products (M <= 256) and the rest
 
@@ -74,32 +72,20 @@ def matmul_kernel(A, B, C, TM: ct.Constant[int], TN: ct.Constant[int], TK: ct.Co
         _product(A, B, C, bm, bn, TM, TN, TK, LAT, LTMA, STMA)
 
 
-@functools.cache
-def kernel_object(occupancy: int | None, num_ctas: int | None):
-    """One kernel object per set of hints; never rebuilt on the launch path."""
-    hints = {k: v for k, v in (("occupancy", occupancy), ("num_ctas", num_ctas)) if v is not None}
-    return ct.kernel(matmul_kernel, **hints)
+kernel_object = kt.kernel_objects(matmul_kernel)   # (occupancy, num_ctas) -> ct.kernel
 
 
 def _constants(knobs: dict) -> tuple:
-    tma = {None: -1, False: 0, True: 1}
+    tma = kt.TMA_CODE
     tm, tn, tk = knobs["tile"]
     return (tm, tn, tk, knobs["group"] or 0, bool(knobs["persistent"]), knobs["latency"] or 0,
             tma[knobs["load_allow_tma"]], tma[knobs["store_allow_tma"]])
 
 
-@functools.cache
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def grid(knobs: dict, m: int, n: int, device) -> tuple[int]:
     tm, tn, _ = knobs["tile"]
-    tiles = -(-m // tm) * -(-n // tn)
-    if not knobs["persistent"]:
-        return (tiles,)
-    per_sm = knobs["occupancy"] or PERSISTENT_OCCUPANCY
-    return (min(tiles, _sm_count(device.index or 0) * per_sm),)
+    return kt.grid(-(-m // tm) * -(-n // tn), knobs["persistent"],
+                   knobs["occupancy"] or PERSISTENT_OCCUPANCY, device)
 
 
 def build(knobs: dict):
@@ -136,18 +122,11 @@ def matmul(a: torch.Tensor, b: torch.Tensor, knobs: dict | None = None) -> torch
         raise ValueError("a and b must both be bfloat16 or both float16")
     a, b = a.contiguous(), b.contiguous()
     out = torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
-    _launcher(_frozen(knobs))((a, b), out)
+    _launcher(knobs)((a, b), out)
     return out
 
 
-def _frozen(knobs: dict | None) -> str | None:
-    return None if knobs is None else json.dumps(knobs, sort_keys=True)
-
-
-@functools.cache
-def _launcher(text: str | None):
-    knobs = json.loads(KNOBS.read_text() if text is None else text)
-    return build({k: tuple(v) if isinstance(v, list) else v for k, v in knobs.items()})
+_launcher = kt.launchers(build, KNOBS)   # knobs (None: knobs.json's) -> launch, built once
 
 
 # ---- the plug-in contract ------------------------------------------------------------------
@@ -156,10 +135,9 @@ def make_inputs(shape, seed: int, device):
     """A ~ N(0, 1) and B ~ N(0, 1) / sqrt(K), so C's entries are about N(0, 1) at every K and
     one tolerance per dtype fits every shape."""
     m, n, k = shape.dims
-    g = torch.Generator(device=device).manual_seed(seed)
-    dtype = DTYPES[shape.dtype]
-    a = torch.randn((m, k), generator=g, dtype=torch.float32, device=device)
-    b = torch.randn((k, n), generator=g, dtype=torch.float32, device=device) / k ** 0.5
+    draw, dtype = kt.Draws(seed, device), DTYPES[shape.dtype]
+    a = draw.normal((m, k))
+    b = draw.normal((k, n)) / k ** 0.5
     return a.to(dtype), b.to(dtype)
 
 
@@ -226,21 +204,7 @@ def competitors() -> dict:
 
 def compile_ahead(knobs: dict, shapes, arch: str) -> None:
     """Compile this variant for every dtype of `shapes` with tileiras, no GPU needed."""
-    from cuda.tile.compilation import (
-        ArrayConstraint,
-        CallingConvention,
-        KernelSignature,
-        export_kernel,
-    )
-
-    signatures = []
-    for dtype in sorted({s.dtype for s in shapes}):
-        array = ArrayConstraint(getattr(ct, dtype), 2, index_dtype=ct.int32,
-                                stride_lower_bound_incl=0, alias_groups=(),
-                                may_alias_internally=False, stride_constant=(None, 1),
-                                base_addr_divisible_by=16)
-        signatures.append(KernelSignature([array] * 3 + list(_constants(knobs)),
-                                          CallingConvention.cutile_python_v1())
-                          .with_mangled_symbol(matmul_kernel.__name__))
-    export_kernel(kernel_object(knobs["occupancy"], knobs["num_ctas"]), signatures,
-                  io.BytesIO(), gpu_code=arch, output_format="cubin")
+    arg_lists = [[kt.array(dtype)] * 3 + list(_constants(knobs))
+                 for dtype in sorted({s.dtype for s in shapes})]
+    kt.export(kernel_object(knobs["occupancy"], knobs["num_ctas"]), matmul_kernel, arg_lists,
+              arch)

@@ -23,20 +23,19 @@ Every knob in knobs.json is a compile-time constant or a kernel hint:
 
 from __future__ import annotations
 
-import functools
-import io
-import json
+import math
 from pathlib import Path
 
 import cuda.tile as ct
 import torch
 
 from perfloop import dispatch
+from perfloop import kernel_tools as kt
 
 EPS = 1e-6
 ZERO = ct.PaddingMode.ZERO
 PERSISTENT_OCCUPANCY = 4  # blocks per SM of a persistent grid when occupancy is unset
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+DTYPES = kt.dtypes()
 KNOBS = Path(__file__).resolve().parent / "knobs.json"
 
 
@@ -111,10 +110,7 @@ def rmsnorm_kernel(x, w, y, TM: ct.Constant[int], TN: ct.Constant[int], TT: ct.C
                 _write(y, t, j, v * r * _weight(w, j, TN), TM, TN, GATHER, SLAT, STMA)
 
 
-@functools.cache
-def kernel_object(occupancy: int | None):
-    """One kernel object per set of hints; never rebuilt on the launch path."""
-    return ct.kernel(rmsnorm_kernel, **({"occupancy": occupancy} if occupancy else {}))
+kernel_object = kt.kernel_objects(rmsnorm_kernel)   # (occupancy) -> ct.kernel
 
 
 def _pow2(n: int) -> int:
@@ -141,23 +137,16 @@ def _geometry(knobs: dict, n: int) -> tuple[int, int, int]:
 
 def _constants(knobs: dict, n: int) -> tuple:
     rows, tn, tail = _geometry(knobs, n)
-    tma = {None: -1, False: 0, True: 1}
+    tma = kt.TMA_CODE
     gather = {"load_store": False, "gather_scatter": True}[knobs["memory_path"]]
     return (rows, tn, tail, tn + tail >= n, gather, knobs["latency"] or 0, tma[knobs["load_allow_tma"]],
             knobs["store_latency"] or 0, tma[knobs["store_allow_tma"]], bool(knobs["fast_math"]),
             bool(knobs["persistent"]))
 
 
-@functools.cache
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def grid(knobs: dict, m: int, n: int, device) -> tuple[int]:
-    blocks = -(-m // _geometry(knobs, n)[0])
-    if not knobs["persistent"]:
-        return (blocks,)
-    return (min(blocks, _sm_count(device.index or 0) * (knobs["occupancy"] or PERSISTENT_OCCUPANCY)),)
+    return kt.grid(-(-m // _geometry(knobs, n)[0]), knobs["persistent"],
+                   knobs["occupancy"] or PERSISTENT_OCCUPANCY, device)
 
 
 def canonical(knobs: dict) -> dict:
@@ -197,29 +186,20 @@ def rmsnorm(x: torch.Tensor, w: torch.Tensor, knobs: dict | None = None) -> torc
         raise ValueError("w must have shape (x.shape[-1],) and x's dtype")
     x = x.contiguous()
     out = torch.empty_like(x)
-    _launcher(_frozen(knobs))(
-        (x, w.contiguous()), out)
+    _launcher(knobs)((x, w.contiguous()), out)
     return out
 
 
-def _frozen(knobs: dict | None) -> str | None:
-    return None if knobs is None else json.dumps(knobs, sort_keys=True)
-
-
-@functools.cache
-def _launcher(text: str | None):
-    knobs = json.loads(KNOBS.read_text() if text is None else text)
-    return build({k: tuple(v) if isinstance(v, list) else v for k, v in knobs.items()})
+_launcher = kt.launchers(build, KNOBS)   # knobs (None: knobs.json's) -> launch, built once
 
 
 # ---- the plug-in contract ------------------------------------------------------------------
 def make_inputs(shape, seed: int, device):
     """x ~ N(0, 1) with rows of different scales, w ~ 1 + N(0, 0.1)."""
-    g = torch.Generator(device=device).manual_seed(seed)
-    dtype = DTYPES[shape.dtype]
-    x = torch.randn(shape.dims, generator=g, dtype=torch.float32, device=device)
-    x *= torch.rand((*shape.dims[:-1], 1), generator=g, device=device) * 4 + 0.25
-    w = 1 + 0.1 * torch.randn(shape.dims[-1], generator=g, dtype=torch.float32, device=device)
+    draw, dtype = kt.Draws(seed, device), DTYPES[shape.dtype]
+    x = draw.normal(shape.dims)
+    x *= draw.uniform((*shape.dims[:-1], 1)) * 4 + 0.25
+    w = 1 + 0.1 * draw.normal(shape.dims[-1])
     return x.to(dtype), w.to(dtype)
 
 
@@ -238,9 +218,7 @@ def traffic(shape) -> dict:
     """Bytes that must move (read x and w, write y); fp32 FLOPs per element (square and add,
     one FMA: 2; scale; weight) and per row (mean, eps), and one rsqrt per row on the
     special-function units."""
-    numel = 1
-    for d in shape.dims:
-        numel *= d
+    numel = math.prod(shape.dims)
     rows, size = numel // shape.dims[-1], DTYPES[shape.dtype].itemsize
     return {"bytes": (2 * numel + shape.dims[-1]) * size,
             "flops": {"fp32": 4 * numel + 2 * rows, "sfu": rows}}
@@ -257,23 +235,7 @@ def competitors() -> dict:
 
 def compile_ahead(knobs: dict, shapes, arch: str) -> None:
     """Compile this variant for every (dtype, n) of `shapes` with tileiras, no GPU needed."""
-    from cuda.tile.compilation import (
-        ArrayConstraint,
-        CallingConvention,
-        KernelSignature,
-        export_kernel,
-    )
-
-    def array(dtype, ndim):
-        return ArrayConstraint(getattr(ct, dtype), ndim, index_dtype=ct.int32,
-                               stride_lower_bound_incl=0, alias_groups=(),
-                               may_alias_internally=False,
-                               stride_constant=(None, 1) if ndim == 2 else (1,),
-                               base_addr_divisible_by=16)
-
     for dtype, n in sorted({(s.dtype, s.dims[-1]) for s in shapes}):
-        args = [array(dtype, 2), array(dtype, 1), array(dtype, 2), *_constants(knobs, n)]
-        signature = KernelSignature(args, CallingConvention.cutile_python_v1())
-        export_kernel(kernel_object(knobs["occupancy"]),
-                      [signature.with_mangled_symbol(rmsnorm_kernel.__name__)], io.BytesIO(),
-                      gpu_code=arch, output_format="cubin")
+        args = [kt.array(dtype, 2), kt.array(dtype, 1), kt.array(dtype, 2),
+                *_constants(knobs, n)]
+        kt.export(kernel_object(knobs["occupancy"]), rmsnorm_kernel, [args], arch)

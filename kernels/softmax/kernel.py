@@ -21,9 +21,6 @@ Every knob in knobs.json is a compile-time constant or a kernel hint:
 
 from __future__ import annotations
 
-import functools
-import io
-import json
 import math
 from pathlib import Path
 
@@ -31,12 +28,13 @@ import cuda.tile as ct
 import torch
 
 from perfloop import dispatch
+from perfloop import kernel_tools as kt
 
 NEG_INF = ct.PaddingMode.NEG_INF
 APPROX = ct.RoundingMode.APPROX
 LOG2E = 1.0 / math.log(2.0)
 PERSISTENT_OCCUPANCY = 4  # blocks per SM of a persistent grid when occupancy is unset
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+DTYPES = kt.dtypes()
 KNOBS = Path(__file__).resolve().parent / "knobs.json"
 
 
@@ -113,10 +111,7 @@ def softmax_kernel(x, y, TM: ct.Constant[int], TN: ct.Constant[int],
                 _write(y, t, j, _div(_exp(v - m, FAST), s, FAST), TM, TN, GATHER, SLAT, STMA)
 
 
-@functools.cache
-def kernel_object(occupancy: int | None):
-    """One kernel object per set of hints; never rebuilt on the launch path."""
-    return ct.kernel(softmax_kernel, **({"occupancy": occupancy} if occupancy else {}))
+kernel_object = kt.kernel_objects(softmax_kernel)   # (occupancy) -> ct.kernel
 
 
 def _pow2(n: int) -> int:
@@ -135,23 +130,16 @@ def _geometry(knobs: dict, n: int) -> tuple[int, int]:
 
 def _constants(knobs: dict, n: int) -> tuple:
     rows, tn = _geometry(knobs, n)
-    tma = {None: -1, False: 0, True: 1}
+    tma = kt.TMA_CODE
     gather = {"load_store": False, "gather_scatter": True}[knobs["memory_path"]]
     return (rows, tn, tn >= n, gather, knobs["latency"] or 0, tma[knobs["load_allow_tma"]],
             knobs["store_latency"] or 0, tma[knobs["store_allow_tma"]], bool(knobs["fast_math"]),
             bool(knobs["persistent"]))
 
 
-@functools.cache
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def grid(knobs: dict, m: int, n: int, device) -> tuple[int]:
-    blocks = -(-m // _geometry(knobs, n)[0])
-    if not knobs["persistent"]:
-        return (blocks,)
-    return (min(blocks, _sm_count(device.index or 0) * (knobs["occupancy"] or PERSISTENT_OCCUPANCY)),)
+    return kt.grid(-(-m // _geometry(knobs, n)[0]), knobs["persistent"],
+                   knobs["occupancy"] or PERSISTENT_OCCUPANCY, device)
 
 
 def canonical(knobs: dict) -> dict:
@@ -188,25 +176,17 @@ def softmax(x: torch.Tensor, knobs: dict | None = None) -> torch.Tensor:
     """softmax(x, dim=-1) with the committed knob values (or the given ones)."""
     x = x.contiguous()
     out = torch.empty_like(x)
-    _launcher(_frozen(knobs))((x,), out)
+    _launcher(knobs)((x,), out)
     return out
 
 
-def _frozen(knobs: dict | None) -> str | None:
-    return None if knobs is None else json.dumps(knobs, sort_keys=True)
-
-
-@functools.cache
-def _launcher(text: str | None):
-    knobs = json.loads(KNOBS.read_text() if text is None else text)
-    return build({k: tuple(v) if isinstance(v, list) else v for k, v in knobs.items()})
+_launcher = kt.launchers(build, KNOBS)   # knobs (None: knobs.json's) -> launch, built once
 
 
 # ---- the plug-in contract ------------------------------------------------------------------
 def make_inputs(shape, seed: int, device):
     """Logits ~ N(0, 4^2): peaked rows, so a wrong max or sum shows."""
-    g = torch.Generator(device=device).manual_seed(seed)
-    x = torch.randn(shape.dims, generator=g, dtype=torch.float32, device=device) * 4
+    x = kt.Draws(seed, device).normal(shape.dims) * 4
     return (x.to(DTYPES[shape.dtype]),)
 
 
@@ -223,9 +203,7 @@ def traffic(shape) -> dict:
     """Bytes that must move (read x, write y); fp32 FLOPs per element (max, subtract, sum,
     scale by 1 / sum); on the special-function units an exp per element and a reciprocal of
     the sum per row."""
-    numel = 1
-    for d in shape.dims:
-        numel *= d
+    numel = math.prod(shape.dims)
     rows = numel // shape.dims[-1]
     return {"bytes": 2 * numel * DTYPES[shape.dtype].itemsize,
             "flops": {"fp32": 4 * numel, "sfu": numel + rows}}
@@ -242,20 +220,7 @@ def competitors() -> dict:
 
 def compile_ahead(knobs: dict, shapes, arch: str) -> None:
     """Compile this variant for every (dtype, n) of `shapes` with tileiras, no GPU needed."""
-    from cuda.tile.compilation import (
-        ArrayConstraint,
-        CallingConvention,
-        KernelSignature,
-        export_kernel,
-    )
-
     for dtype, n in sorted({(s.dtype, s.dims[-1]) for s in shapes}):
-        array = ArrayConstraint(getattr(ct, dtype), 2, index_dtype=ct.int32,
-                                stride_lower_bound_incl=0, alias_groups=(),
-                                may_alias_internally=False, stride_constant=(None, 1),
-                                base_addr_divisible_by=16)
-        signature = KernelSignature([array, array, *_constants(knobs, n)],
-                                    CallingConvention.cutile_python_v1())
-        export_kernel(kernel_object(knobs["occupancy"]),
-                      [signature.with_mangled_symbol(softmax_kernel.__name__)], io.BytesIO(),
-                      gpu_code=arch, output_format="cubin")
+        array = kt.array(dtype)
+        kt.export(kernel_object(knobs["occupancy"]), softmax_kernel,
+                  [[array, array, *_constants(knobs, n)]], arch)

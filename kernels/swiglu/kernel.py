@@ -20,20 +20,19 @@ caches the compiled code per set of constants.
 
 from __future__ import annotations
 
-import functools
-import io
-import json
+import math
 from pathlib import Path
 
 import cuda.tile as ct
 import torch
 
 from perfloop import dispatch
+from perfloop import kernel_tools as kt
 
 ZERO = ct.PaddingMode.ZERO
 APPROX = ct.RoundingMode.APPROX
 PERSISTENT_OCCUPANCY = 4  # blocks per SM of a persistent grid when occupancy is unset
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+DTYPES = kt.dtypes()
 KNOBS = Path(__file__).resolve().parent / "knobs.json"
 
 
@@ -88,33 +87,21 @@ def swiglu_kernel(a, b, c, GATHER: ct.Constant[bool], TR: ct.Constant[int],
                 ct.store(c, (i, j), out)
 
 
-@functools.cache
-def kernel_object(occupancy: int | None, num_ctas: int | None):
-    """One kernel object per set of hints; never rebuilt on the launch path."""
-    hints = {k: v for k, v in (("occupancy", occupancy), ("num_ctas", num_ctas)) if v is not None}
-    return ct.kernel(swiglu_kernel, **hints)
+kernel_object = kt.kernel_objects(swiglu_kernel)   # (occupancy, num_ctas) -> ct.kernel
 
 
 def _constants(knobs: dict) -> tuple:
-    tma = {None: -1, False: 0, True: 1}[knobs["store_allow_tma"]]
+    tma = kt.TMA_CODE[knobs["store_allow_tma"]]
     rows, cols = knobs["tile"]
     gather = {"load_store": False, "gather_scatter": True}[knobs["memory_path"]]
     return (gather, rows, cols, bool(knobs["fast_math"]), knobs["latency"] or 0, tma,
             bool(knobs["persistent"]))
 
 
-@functools.cache
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def grid(knobs: dict, m: int, n: int, device, occupancy: int | None = None) -> tuple[int]:
     rows, cols = knobs["tile"]
-    blocks = -(-m // rows) * -(-n // cols)
-    if not knobs["persistent"]:
-        return (blocks,)
-    occ = occupancy or knobs["occupancy"] or PERSISTENT_OCCUPANCY
-    return (min(blocks, _sm_count(device.index or 0) * occ),)
+    return kt.grid(-(-m // rows) * -(-n // cols), knobs["persistent"],
+                   occupancy or knobs["occupancy"] or PERSISTENT_OCCUPANCY, device)
 
 
 def _as_2d(t: torch.Tensor) -> torch.Tensor:
@@ -184,27 +171,19 @@ def swiglu(a: torch.Tensor, b: torch.Tensor, knobs: dict | None = None) -> torch
     if a.shape != b.shape or a.dtype != b.dtype:
         raise ValueError("a and b need the same shape and dtype")
     out = torch.empty_like(a, memory_format=torch.contiguous_format)
-    _launcher(_frozen(knobs))((a, b), out)
+    _launcher(knobs)((a, b), out)
     return out
 
 
-def _frozen(knobs: dict | None) -> str | None:
-    return None if knobs is None else json.dumps(knobs, sort_keys=True)
-
-
-@functools.cache
-def _launcher(text: str | None):
-    knobs = json.loads(KNOBS.read_text() if text is None else text)
-    return build({k: tuple(v) if isinstance(v, list) else v for k, v in knobs.items()})
+_launcher = kt.launchers(build, KNOBS)   # knobs (None: knobs.json's) -> launch, built once
 
 
 # ---- the plug-in contract ------------------------------------------------------------------
 def make_inputs(shape, seed: int, device):
     """Drawn on the device: the timing worker draws fresh inputs for every checked launch."""
-    g = torch.Generator(device=device).manual_seed(seed)
-    dtype = DTYPES[shape.dtype]
-    a = torch.randn(shape.dims, generator=g, dtype=torch.float32, device=device) * 3
-    b = torch.randn(shape.dims, generator=g, dtype=torch.float32, device=device)
+    draw, dtype = kt.Draws(seed, device), DTYPES[shape.dtype]
+    a = draw.normal(shape.dims) * 3
+    b = draw.normal(shape.dims)
     return a.to(dtype), b.to(dtype)
 
 
@@ -221,40 +200,22 @@ def traffic(shape) -> dict:
     """Bytes that must move (read a and b, write c); per element, the sigmoid's exp and
     reciprocal on the special-function units, and fp32 FLOPs (1 + exp, a x 1 / (1 + exp),
     times b)."""
-    numel = 1
-    for d in shape.dims:
-        numel *= d
+    numel = math.prod(shape.dims)
     return {"bytes": 3 * numel * DTYPES[shape.dtype].itemsize,
             "flops": {"fp32": 3 * numel, "sfu": 2 * numel}}
 
 
 def compile_ahead(knobs: dict, shapes, arch: str) -> None:
     """Compile this variant for every dtype of `shapes` with tileiras, no GPU needed."""
-    from cuda.tile.compilation import (
-        ArrayConstraint,
-        CallingConvention,
-        KernelSignature,
-        export_kernel,
-    )
-
     from perfloop.autotune import space_for
 
     occupancies = [knobs["occupancy"]]
     if knobs.get("autotune"):
         occupancies += [cfg["occupancy"] for cfg in space_for("memory-bound", _cc(arch))]
     consts = list(_constants(knobs))
-    signatures = []
-    for dtype in sorted({s.dtype for s in shapes}):
-        array = ArrayConstraint(getattr(ct, dtype), 2, index_dtype=ct.int32,
-                                stride_lower_bound_incl=0, alias_groups=(),
-                                may_alias_internally=False, stride_constant=(None, 1),
-                                base_addr_divisible_by=16)
-        signatures.append(KernelSignature([array] * 3 + consts,
-                                          CallingConvention.cutile_python_v1())
-                          .with_mangled_symbol(swiglu_kernel.__name__))
+    arg_lists = [[kt.array(dtype)] * 3 + consts for dtype in sorted({s.dtype for s in shapes})]
     for occupancy in dict.fromkeys(occupancies):
-        export_kernel(kernel_object(occupancy, knobs["num_ctas"]),
-                      signatures, io.BytesIO(), gpu_code=arch, output_format="cubin")
+        kt.export(kernel_object(occupancy, knobs["num_ctas"]), swiglu_kernel, arg_lists, arch)
 
 
 def _cc(arch: str) -> tuple[int, int]:

@@ -4,7 +4,9 @@
 Modules whose source lies in the repository (not in the Python environment, even one inside
 it) are compiled from their source, never from a cached .pyc, which anyone can plant with a
 forged timestamp; pytest's cache of rewritten test modules is ignored the same way. MODE is
-"pytest" (the judge) or a module to run as __main__ (the timing worker).
+"pytest" (the judge) or a module to run as __main__ (a launcher, a warmer, the timer).
+A child that runs kernel code is then confined (perfloop.core.sandbox) before anything else
+runs: PERFLOOP_CONFINE, set by its parent, names where it may write and read.
 """
 
 import importlib.machinery
@@ -30,6 +32,13 @@ class RepositorySource:
             return spec
         return None
 sys.meta_path.insert(0, RepositorySource)
+from perfloop.core import (
+    sandbox,  # (compiled from its source, like every repository file)
+)
+
+confined = sandbox.apply_from_environ()
+if confined:
+    print(f"perfloop: confined: {confined}", flush=True)
 if mode == "pytest":
     import _pytest.assertion.rewrite
     import pytest

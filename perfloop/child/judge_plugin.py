@@ -1,28 +1,29 @@
-"""The pytest plugin through which the loop runs a judge: `pytest JUDGE -p perfloop.child.judge_plugin
---perfloop-request FILE`. The request (a JSON file) names the variants to judge and where to
-log each case; nothing about it reaches the kernel's environment, which is the same as the
-timing child's. At the end of the session the plugin writes down every file the judge
-imported, so the loop can check that none of them was changed behind its back."""
+"""The judge's kernel pass: `pytest JUDGE -p perfloop.child.judge_plugin --perfloop-request FILE`.
+
+It runs beside kernel code, so nothing it says can make a variant pass: perfloop.correctness
+`check` delivers each case's output as data (a file per case), which the reference pass
+(perfloop.referee.judge_plugin, no kernel code) compares. What this process reports at the
+end (its audit) can only fail a variant or void the process: the tests that failed here and
+the variants they belong to, how many of its cases ran to their end, every file it imported.
+The request travels in a file named on the command line; nothing about it reaches the
+kernel's environment, which is the same as the timing launchers'.
+"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-import pytest  # the judge's plugin only: the timing worker must not load pytest (kernel
+import pytest
 
-# code could tell the phases apart by it), so it imports nothing from here
-from _pytest import outcomes, skipping
+from perfloop.core import judging
+from perfloop.core.atomic import digest, write_json
 
-from perfloop.core.atomic import digest
-
-REQUEST: dict | None = None
 REQUEST_DIGEST = ""          # of the request file's bytes as read (atomic.digest)
 SELECTED: int | None = None  # the cases this process was given, after any shard's cut
 COLLECTED = ""               # digest of every case collected, in order, before the cut
 FINISHED = 0                 # the cases whose test ran to its end (passed, failed or skipped)
-SKIPPED_RUNNING = 0          # tests skipped (or xfailed) by code, in their body or a fixture
-_BEFORE: dict = {}  # perfloop's judging functions as they were before any kernel code ran
+FAILED: dict = {}            # test id -> the variant label it judged (None: not known)
 
 
 def pytest_addoption(parser):
@@ -30,25 +31,24 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
-    global REQUEST, REQUEST_DIGEST
+    global REQUEST_DIGEST
     path = config.getoption("--perfloop-request")
     if path:
-        from perfloop.child import tamper
-        from perfloop.child.lifeline import guard_parent, wait_for_task
+        from perfloop.core.lifeline import guard_parent, wait_for_task
 
         guard_parent()
-        if not Path(path).exists():  # started ahead of its experiment (phases.JudgePool)
+        if not Path(path).exists():  # started ahead of its experiment (measure.judge)
             if not wait_for_task(Path(path)):
                 pytest.exit("perfloop: no judging request came", returncode=3)
         raw = Path(path).read_bytes()
-        REQUEST, REQUEST_DIGEST = json.loads(raw), digest(raw)
+        judging.REQUEST, REQUEST_DIGEST = json.loads(raw), digest(raw)
+        judging.MODE = judging.KERNEL
         _hide_pytest_from_the_environment()
-        _BEFORE.update(tamper.snapshot(modules=tamper.JUDGE_MODULES))
 
 
 def _hide_pytest_from_the_environment() -> None:
     """pytest announces itself in os.environ (PYTEST_VERSION, PYTEST_CURRENT_TEST); the timing
-    worker has neither, so kernel code could tell the phases apart by them."""
+    launchers have neither."""
     import os
 
     import _pytest.runner
@@ -64,7 +64,7 @@ def pytest_collection_modifyitems(session, config, items):
     cases; the loop judges one variant in m processes that way."""
     global SELECTED, COLLECTED
     COLLECTED = digest("\n".join(item.nodeid for item in items).encode())
-    shard = (REQUEST or {}).get("shard")
+    shard = (judging.REQUEST or {}).get("shard")
     if shard:
         k, m = shard
         keep = items[k * len(items) // m:(k + 1) * len(items) // m]
@@ -83,40 +83,28 @@ def pytest_runtest_logfinish(nodeid, location):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """A test that skips itself (pytest.skip or pytest.xfail called in its body or in a
-    fixture, as a judge that builds the kernel in a fixture does) may have been skipped by
-    kernel code, which can see that pytest is loaded: the judge's own skips are marks."""
-    global SKIPPED_RUNNING
     outcome = yield
-    if outcome.get_result().skipped and not _by_a_mark(item, call):
-        SKIPPED_RUNNING += 1
+    if judging.REQUEST and outcome.get_result().failed:
+        FAILED[item.nodeid] = _label_of(item)
 
 
-def _by_a_mark(item, call) -> bool:
-    """Whether a skipped report comes from the item's skip, skipif or xfail marks: a skip
-    mark in force at setup, an xfail(run=False) mark, or a failure an xfail mark expected."""
-    error = call.excinfo.value if call.excinfo is not None else None
-    if call.when == "setup":
-        if isinstance(error, outcomes.XFailed):
-            xfail = skipping.evaluate_xfail_marks(item)
-            return xfail is not None and not xfail.run
-        return isinstance(error, outcomes.Skipped) and skipping.evaluate_skip_marks(item) is not None
-    return (call.when == "call" and item.get_closest_marker("xfail") is not None
-            and not isinstance(error, (outcomes.Skipped, outcomes.XFailed)))
+def _label_of(item) -> str | None:
+    """The variant a test judged: the parameter that is one of the requested variants."""
+    labels = {v["label"] for v in judging.REQUEST["variants"]}
+    for value in getattr(getattr(item, "callspec", None), "params", {}).values():
+        if isinstance(value, dict) and value.get("label") in labels:
+            return value["label"]
+    return None
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """What the loop checks after the judge: every file it imported, whether code that ran in
-    it replaced perfloop's judging functions, and whether every case it was given ran to its
-    end (kernel code that ends the process early, e.g. with os._exit(0) or pytest.exit, must
-    not leave its later cases unjudged)."""
-    if REQUEST and REQUEST.get("shard") and SELECTED == 0 and exitstatus == 5:
+    """The audit: every file imported, the cases run, the tests that failed and whose."""
+    request = judging.REQUEST
+    if request and request.get("shard") and SELECTED == 0 and exitstatus == 5:
         session.exitstatus = 0  # a shard cut to nothing: nothing to judge, nothing failed
-    if REQUEST and REQUEST.get("imports_out"):
-        from perfloop.child import tamper
+    if request and request.get("imports_out"):
+        from perfloop.core.imports import imported_files
 
-        Path(REQUEST["imports_out"]).write_text(json.dumps(
-            {"imports": tamper.imported_files(), "selected": SELECTED, "finished": FINISHED,
-             "skipped_running": SKIPPED_RUNNING, "request": REQUEST_DIGEST,
-             "collected": COLLECTED,
-             "tampered": tamper.changed(_BEFORE, modules=tamper.JUDGE_MODULES)}))
+        write_json(Path(request["imports_out"]), {
+            "imports": imported_files(), "selected": SELECTED, "finished": FINISHED,
+            "request": REQUEST_DIGEST, "collected": COLLECTED, "failed": FAILED})

@@ -18,8 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-from perfloop.child import lifeline
-from perfloop.core import hooks
+from perfloop.core import hooks, lifeline
 from perfloop.core.kernel import Shape, import_module
 from perfloop.core.playbook import freeze
 

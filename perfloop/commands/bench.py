@@ -30,6 +30,11 @@ def add_arguments(p):
 
 def execute(args):
     s = Session(args.kernel, args.playbook)
+    with s.lock(git=False):  # (it writes bench.json beside the run's record)
+        return _execute(s)
+
+
+def _execute(s: Session) -> dict:
     module = import_module(s.spec.folder, f"bench_{s.spec.name}")
     traffic.check(module, s.spec)
     if not s.spec.requires_gpu or getattr(module, "DEVICE", "cuda") != "cuda" \
@@ -53,6 +58,7 @@ def execute(args):
         variants, [sh.as_dict() for sh in s.spec.shapes], rules, contract=s.spec.folder,
         tolerance=s.spec.tolerance, headline=s.spec.headline.name,
         ceilings_cache=s.ceilings_cache, work=work,
+        confinement=s.confinement(), cache=s.sandbox / "cache",
         deadline=time.monotonic() + rules.iteration_timeout_s, cwd=s.root,
         env=phases.child_env(s.playbook_dir), checked=[INCUMBENT])
     failed = {} if timing.crashed else (timing.raw.get("failed") or {})

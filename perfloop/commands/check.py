@@ -1,3 +1,4 @@
+import argparse
 import time
 
 from perfloop.core import dispatch, knobspace, naming, progress, traffic, variants
@@ -14,15 +15,29 @@ no GPU needed) for a set of knob combinations in which every value of every knob
 pair of values of any two knobs, occurs at least once (--all: every combination), plus the
 committed knobs of each bucket of knobs.json's "dispatch" table. Combinations that kernel.py's
 restrict(knobs) rules out are left out (and said). Each combination is compiled for the dtypes
-of all benchmark shapes. Reports each failure with its knob values; exits 1 if any variant
-fails."""
+of all benchmark shapes. --sample N compiles a seeded subset of that set instead (every
+value of every knob at least once, plus N more of its combinations) and says how many of
+its variants and value pairs that covers. Reports each failure with its knob values; exits
+1 if any variant fails."""
 
 
 def add_arguments(p):
     p.add_argument("--arch", default="sm_90,sm_100",
                    help="comma-separated targets (default: sm_90,sm_100)")
-    p.add_argument("--all", action="store_true",
-                   help="every combination of knob values instead of a pairwise-covering set")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--all", action="store_true",
+                     help="every combination of knob values instead of a pairwise-covering set")
+    how.add_argument("--sample", type=_count, metavar="N",
+                     help="a quick check: of the pairwise-covering set, the combinations that "
+                          "hold every knob value at least once, plus N more drawn at random")
+    p.add_argument("--seed", type=int, default=0,
+                   help="with --sample: which N are drawn (default: 0)")
+
+
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"takes a whole number of variants, not '{text}'")
+    return int(text)
 
 
 def execute(args):
@@ -39,11 +54,7 @@ def execute(args):
     if not hasattr(module, "compile_ahead"):
         raise UserError(f"kernel '{spec.name}' has no compile_ahead(knobs, shapes, arch) in kernel.py")
     committed = spec.read_knobs()
-    plain = {k: v for k, v in committed.items() if k != dispatch.KEY}
-    doms = variants.domains(playbook, plain, spec.candidates)
-    space = knobspace.space_for(folder)
-    combos, ruled_out = (variants.exhaustive if args.all else variants.pairwise)(
-        doms, lambda knobs: space.why_not(knobs) is None)
+    combos, ruled_out, coverage = _combinations(args, folder, spec, playbook, committed)
     # each bucket of the committed dispatch table launches its own variant: compile it too
     combos += [dispatch.knobs_for(committed, b) for b in dispatch.table(committed)]
     failures, t0 = [], time.monotonic()
@@ -65,12 +76,31 @@ def execute(args):
            "dtypes": sorted({d for s in spec.shapes for d in (s.dtype, *s.dtypes.values())}),
            "compiled": len(combos) * len(archs) - len(failures),
            "failures": failures, "seconds": round(time.monotonic() - t0, 1),
-           "coverage": "all combinations" if args.all else "every value pair",
+           "coverage": coverage["what"], "sample": coverage.get("sample"),
            "ruled_out": ruled_out}   # combinations (--all) or value pairs restrict() rules out
     if failures:
         out.update(exit_code=1, failure=f"{len(failures)} of {len(combos) * len(archs)} "
                                         "variants did not compile")
     return out
+
+
+def _combinations(args, folder, spec, playbook, committed) -> tuple[list, int, dict]:
+    """The knob combinations to compile, how many combinations (--all) or value pairs
+    restrict() ruled out, and what they cover: {"what": ..., "sample": counts or None}."""
+    plain = {k: v for k, v in committed.items() if k != dispatch.KEY}
+    doms = variants.domains(playbook, plain, spec.candidates)
+    space = knobspace.space_for(folder)
+    combos, ruled_out = (variants.exhaustive if args.all else variants.pairwise)(
+        doms, lambda knobs: space.why_not(knobs) is None)
+    if args.all:
+        return combos, ruled_out, {"what": "all combinations"}
+    if args.sample is None:
+        return combos, ruled_out, {"what": "every value pair"}
+    picked = variants.sample(combos, args.sample, args.seed)
+    counts = {"variants": len(picked), "of_variants": len(combos), "extra": args.sample,
+              "seed": args.seed, "pairs": len(variants.pairs_covered(picked)),
+              "of_pairs": len(variants.pairs_covered(combos))}
+    return picked, ruled_out, {"what": "a sample", "sample": counts}
 
 
 def _compile(module, knobs, shapes, arch) -> None:
@@ -91,6 +121,11 @@ def render(r):
              f"targets ({', '.join(r['archs'])}), dtypes {', '.join(r['dtypes'])}: "
              f"{r['compiled']} compiled, {len(r['failures'])} failed "
              f"in {r['seconds']} s"]
+    if r.get("sample"):
+        c = r["sample"]
+        lines.append(f"coverage: {c['variants']} of the {c['of_variants']} variants of the "
+                     f"pairwise set (every knob value, plus {c['extra']} drawn with seed "
+                     f"{c['seed']}), holding {c['pairs']} of its {c['of_pairs']} value pairs")
     if r["ruled_out"]:
         what = "combinations" if r["coverage"] == "all combinations" else "value pairs"
         lines.append(f"{r['ruled_out']} {what} left out: kernel.py's restrict() rules out "

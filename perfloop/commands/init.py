@@ -1,5 +1,5 @@
 from perfloop.report import views
-from perfloop.run import loop
+from perfloop.run import ahead, loop
 from perfloop.store.session import Session, require_gpu
 
 HELP = "start a run: create its branch and measure the baseline (iteration 0)"
@@ -22,7 +22,11 @@ def execute(args):
     s = Session(args.kernel, args.playbook)
     if s.spec.requires_gpu:
         require_gpu()
-    record, undone = loop.start(s, new=args.new)
+    with s.lock(), loop.interruptible(s):
+        try:
+            record, undone = loop.start(s, new=args.new)
+        finally:
+            ahead.discard(s)
     if undone:
         return {"experiment": views.experiment(record), "undone": undone,
                 "status": None, "exit_code": 1, "failure": undone}

@@ -29,6 +29,11 @@ def add_arguments(p):
 
 def execute(args):
     s = Session(args.kernel, args.playbook)
+    with s.lock(git=False):  # (it writes profile.json beside the run's record)
+        return _execute(s, args)
+
+
+def _execute(s: Session, args) -> dict:
     s.require_run()
     try:
         with progress.task("profile", f"the incumbent at {s.spec.headline.name}, with ncu"):

@@ -1,12 +1,14 @@
 import json
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 from perfloop.core.atomic import write_bytes, write_text
 from perfloop.core.errors import UserError
 from perfloop.core.naming import show_patch, show_value
 from perfloop.core.vocab import Correctness, Status
-from perfloop.report import review, views
+from perfloop.report import results, review, views
+from perfloop.store import preflight
 from perfloop.store.session import Session
 
 HELP = "a reviewer's summary of the run: the kept changes, the speedup, each shape against its floor"
@@ -20,14 +22,21 @@ and its share of the physical floor, the competitors timed by the last `perfloop
 Only reads the record; --html and --png write the files they name.
   --html PATH  one self-contained HTML file: this report, with plots (latency per iteration
                per shape, share of the floor per shape), images embedded, nothing fetched
-  --png PATH   the latency plot alone"""
+  --png PATH   the latency plot alone
+  --results PATH
+               the current result as one short Markdown page (a kernel's RESULTS.md): the
+               machine, the run's table as written, the one-process confirmation per shape,
+               the last bench against peers and its workload rows; the kernel folder's own
+               RESULTS.md may be written once the run has stopped"""
 
-BENCH, PROFILE = "bench.json", "profile.json"
+BENCH, PROFILE, RESULTS = "bench.json", "profile.json", "RESULTS.md"
 
 
 def add_arguments(p):
     p.add_argument("--html", metavar="PATH", help="write the report as one self-contained HTML file")
     p.add_argument("--png", metavar="PATH", help="write the latency-per-iteration plot as a PNG")
+    p.add_argument("--results", metavar="PATH",
+                   help="write the current result as Markdown (e.g. the kernel's RESULTS.md)")
 
 
 def _frame(recs):
@@ -38,9 +47,10 @@ def _frame(recs):
                          for r in recs])
 
 
-def _output(path: str | None, s: Session) -> Path | None:
-    """Where --html/--png may write: a file in an existing folder, outside the kernel folder
-    (whose uncommitted files would make the next step refuse)."""
+def _output(path: str | None, s: Session, results: bool = False) -> Path | None:
+    """Where --html/--png/--results may write: a file in an existing folder, outside the kernel
+    folder (whose uncommitted files would make the next step refuse); --results also the
+    folder's own RESULTS.md once the run has stopped (no experiment follows to refuse)."""
     if path is None:
         return None
     out = Path(path).expanduser().resolve()
@@ -48,10 +58,22 @@ def _output(path: str | None, s: Session) -> Path | None:
         raise UserError(f"{path} is a folder; name the file to write")
     if not out.parent.is_dir():
         raise UserError(f"cannot write {path}: the folder {out.parent} does not exist")
+    if results and out == s.spec.folder / RESULTS:
+        if s.state.stop is None:
+            raise UserError(f"refused: the run has not stopped, and experiments commit the kernel "
+                            f"folder {s.folder_rel}/; write {RESULTS} there once it stops, or "
+                            "elsewhere now (e.g. sandbox/)")
+        return out
     if out == s.spec.folder or s.spec.folder in out.parents:
         raise UserError(f"refused: {path} is inside the kernel folder {s.folder_rel}/, which "
                         "experiments commit; write the report elsewhere (e.g. sandbox/)")
+    preflight.require_writable({out.parent: "the report"})
     return out
+
+
+def _in_sandbox(s: Session, *outs: Path | None) -> bool:
+    """A file written under sandbox/ is written beside a run's record: under its lock."""
+    return any(out is not None and s.root / "sandbox" in out.parents for out in outs)
 
 
 def _read_json(path: Path) -> tuple[dict | None, str | None]:
@@ -78,9 +100,10 @@ def execute(args):
     s = Session(args.kernel, args.playbook)
     s.require_run()
     html_out, png_out = _output(args.html, s), _output(args.png, s)
+    results_out = _output(args.results, s, results=True)
     recs = s.records()
     if not recs:
-        if html_out or png_out:
+        if html_out or png_out or results_out:
             raise UserError(f"no experiments of '{s.spec.name}' recorded yet: nothing to draw")
         return {"kernel": s.spec.name, "experiments": 0, "rows": []}
     df = _frame(recs)
@@ -120,9 +143,26 @@ def execute(args):
         "rows": df.drop(columns=["ref"]).to_dict(orient="records"),
     }
     if html_out or png_out:
-        _draw(out, recs, bench, html_out, png_out)
+        with s.lock(git=False) if _in_sandbox(s, html_out, png_out) else nullcontext():
+            _draw(out, recs, bench, html_out, png_out)
+    if results_out:
+        write_text(results_out, results.page(_facts(s, recs, confirmation, bench, bench_info)))
     out["html"], out["png"] = (str(html_out) if html_out else None), (str(png_out) if png_out else None)
+    out["results"] = str(results_out) if results_out else None
     return out
+
+
+def _facts(s: Session, recs, confirmation, bench, bench_info) -> results.RunFacts:
+    """What RESULTS.md is made of: the baseline's machine, the table as written, the
+    confirmation, the last bench."""
+    table = s.table_path.read_text(encoding="utf-8") if s.table_path.exists() else ""
+    return results.RunFacts(
+        kernel=s.spec.name, branch=s.state.branch, started_at=recs[0].started_at,
+        stopped=views.line(s.state.stop), environment=recs[0].environment, table=table,
+        shapes=[sh.name for sh in s.spec.shapes], headline=s.spec.headline.name,
+        confirmation=(confirmation.shapes or None) if confirmation else None,
+        confirmation_error=confirmation.error if confirmation else None,
+        bench=bench, bench_of_final=bool(bench_info and bench_info["same_knobs_as_final"]))
 
 
 def _profile_summary(profile: dict | None, incumbent: str) -> dict | None:
@@ -273,7 +313,7 @@ def render(r):
                      f"cuTile {env.get('cutile')}, torch {env.get('torch')})")
     elif env:
         lines.append("measured on " + ", ".join(f"{k} {v}" for k, v in env.items()))
-    for what in ("html", "png"):
+    for what in ("html", "png", "results"):
         if r.get(what):
             lines.append(f"{what.upper()} written to {r[what]}")
     return "\n".join(lines)

@@ -6,7 +6,7 @@ from perfloop.core.errors import UserError
 from perfloop.core.vocab import Status, StopReason
 from perfloop.measure import profiling
 from perfloop.report import views
-from perfloop.run import loop
+from perfloop.run import ahead, loop
 from perfloop.store.session import Session, require_gpu
 
 HELP = "the whole loop, unattended: baseline, then one optimization per iteration until a stop rule"
@@ -40,10 +40,11 @@ def execute(args):
     if s.spec.requires_gpu:
         require_gpu()
     s.ahead = True  # experiments follow one another: each starts the next one's children
-    try:
-        return _execute(s, args)
-    finally:
-        s.discard_ahead()
+    with s.lock(), loop.interruptible(s):
+        try:
+            return _execute(s, args)
+        finally:
+            ahead.discard(s)
 
 
 def _execute(s, args):

@@ -97,6 +97,11 @@ def execute(args):
     if args.value is not None and not args.opt:
         raise UserError("--value goes with --opt")
     s = Session(args.kernel, args.playbook)
+    with s.lock(), loop.interruptible(s):
+        return _execute(s, args)
+
+
+def _execute(s: Session, args) -> dict:
     s.require_run()
     if args.resume:
         if s.state.in_flight is None:

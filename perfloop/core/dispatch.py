@@ -1,45 +1,144 @@
 """Per-shape dispatch: knob values that hold only for some buckets of inputs.
 
 knobs.json may hold a "dispatch" table: {bucket: {knob: value, ...}}. A bucket is what the
-kernel's own `bucket(inputs)` says (e.g. "bfloat16/n4096": dtype and row-width class); the
-knobs for a call are the plain knobs with that bucket's values over them. Kernels route every
-launch through `build`, so the judge, the timer and the kernel's public entry point dispatch
-the same way.
+kernel's own `bucket(inputs)` says (e.g. "bfloat16/n4096"), or, without one, the workload's
+bucket of the inputs (perfloop.core.workload: "bfloat16/hidden<=4096"); the knobs for a call are
+the plain knobs with that bucket's values over them. Kernels route every launch through
+`build`, so the judge, the timer and the kernel's public entry point dispatch the same way.
+
+With the workload's buckets, a launch in a bucket that no benchmark shape fell in runs as the
+nearest measured bucket (by dtype, then size), or, where kernel.toml's [workload] says
+unseen = "tune", tunes once among the finalists (perfloop.core.tuneonce) and says so.
 """
 
 from __future__ import annotations
 
+import inspect
+from pathlib import Path
 from typing import Callable
 
+from perfloop.core import tuneonce, workload
+from perfloop.core.dispatch_table import (  # noqa: F401  (kernels and judges read them here)
+    KEY,
+    changed_buckets,
+    knobs_for,
+    merged,
+    table,
+)
 from perfloop.core.values import freeze
 
-KEY = "dispatch"
 
-
-def table(knobs: dict) -> dict:
-    return knobs.get(KEY) or {}
-
-
-def knobs_for(knobs: dict, bucket: str) -> dict:
-    """The plain knobs that hold for `bucket` (without the dispatch table itself)."""
-    plain = {k: v for k, v in knobs.items() if k != KEY}
-    plain.update({k: freeze(v) for k, v in table(knobs).get(bucket, {}).items()})
-    return plain
-
-
-def build(knobs: dict, build_one: Callable[[dict], Callable], bucket: Callable) -> Callable:
+def build(knobs: dict, build_one: Callable[[dict], Callable],
+          bucket: Callable | None = None, *, folder: Path | None = None) -> Callable:
     """launch(inputs, out) that runs build_one(knobs_for(knobs, bucket(inputs))). Without a
-    dispatch table it is build_one's own launch, so dispatch costs nothing until it is used."""
+    dispatch table it is build_one's own launch, so dispatch costs nothing until it is used.
+
+    `bucket`: the kernel's own key, where each bucket without an entry runs the plain knobs.
+    None: the workload's buckets, read from the kernel.toml beside build_one (or in
+    `folder`), where a bucket without an entry runs as the nearest measured one (or is tuned
+    once, where the workload says unseen = "tune")."""
     overrides = table(knobs)
     if not overrides:
         return build_one(knobs_for(knobs, ""))
+    if bucket is None:
+        return _routed(knobs, build_one, Path(folder) if folder else _folder_of(build_one))
     default = build_one(knobs_for(knobs, ""))
     launches = {b: build_one(knobs_for(knobs, b)) for b in overrides}
 
-    def launch(inputs, out):
-        return launches.get(bucket(inputs), default)(inputs, out)
+    def launch(inputs, out, *extra):
+        return launches.get(bucket(inputs), default)(inputs, out, *extra)
 
     return launch
+
+
+def launcher(module, knobs: dict, folder: Path | None = None) -> Callable:
+    """The launch a kernel module's knobs give, routed by bucket as the loop decided: the
+    module's own build where it has a bucket() hook (it dispatches itself), else its build
+    per bucket of the workload beside it (`folder`: the module's). What the timer, the
+    warmers and the judge's helpers call, so that a kernel whose build ignores the dispatch
+    table still runs each bucket's knobs."""
+    if hasattr(module, "bucket"):
+        return module.build(knobs)
+    return build(knobs, module.build, folder=folder or Path(module.__file__).parent)
+
+
+def workload_bucket(file) -> Callable:
+    """bucket(inputs) by the workload of the kernel.toml beside `file` (a kernel's __file__),
+    the buckets build() routes by without a bucket: a kernel that sets `bucket =
+    dispatch.workload_bucket(__file__)` lets the timer see them, so a change of one bucket's
+    entry is timed only at the shapes that run it."""
+    folder = Path(file).resolve().parent
+    loaded: list = []
+
+    def bucket(inputs) -> str:
+        if not loaded:
+            loaded.append(workload.load(folder))
+        return workload.inputs_bucket(loaded[0], inputs)
+
+    return bucket
+
+
+def _folder_of(build_one: Callable) -> Path:
+    fn = inspect.unwrap(getattr(build_one, "func", build_one))
+    return Path(inspect.getfile(fn)).resolve().parent
+
+
+class Routes(dict):
+    """{bucket: (the bucket whose knobs it runs, how chosen)} of one routed launch, filled as
+    launches come (a kernel's public function may report them)."""
+
+
+def _routed(knobs: dict, build_one: Callable, folder: Path) -> Callable:
+    wl = workload.load(folder)
+    if wl is None:
+        raise ValueError(f"perfloop.dispatch: knobs.json has a dispatch table but {folder} has "
+                         "no kernel.toml to read the buckets from; pass bucket= or folder=")
+    overrides = table(knobs)
+    places = wl.measured() + [b for b in overrides if b not in wl.measured()]
+    launches: dict[str, Callable] = {}
+    routes = Routes()
+    tune = wl.unseen == "tune" and not getattr(inspect.getmodule(build_one), "INPLACE", ())
+
+    def runs(target: str) -> Callable:
+        if target not in launches:
+            launches[target] = build_one(knobs_for(knobs, target))
+        return launches[target]
+
+    def route(b: str, inputs, out, extra) -> str:
+        if b in overrides or b in places or not places:
+            return b
+        if tune:
+            finalists = _finalists(knobs, b, places)
+            if len(finalists) > 1:
+                ident = tuneonce.identity(folder, knobs, b, list(finalists), inputs)
+                clock = getattr(inspect.getmodule(build_one), "Clock", None)
+                best, how = tuneonce.choose(b, {f: runs(f) for f in finalists}, inputs, out,
+                                            extra, ident, clock)
+                routes[b] = (best, how)
+                return best
+        near = workload.nearest(b, places)
+        routes[b] = (near, "nearest measured bucket")
+        return near
+
+    def launch(inputs, out, *extra):
+        b = workload.inputs_bucket(wl, inputs)
+        target = routes[b][0] if b in routes else route(b, inputs, out, extra)
+        return runs(target)(inputs, out, *extra)
+
+    launch.routes = routes
+    return launch
+
+
+def _finalists(knobs: dict, bucket: str, places: list[str]) -> list[str]:
+    """The measured buckets whose knobs differ from each other's, nearest to `bucket` first,
+    at most tuneonce.MAX_FINALISTS."""
+    out, seen = [], []
+    for place in sorted(places, key=lambda p: workload.distance(bucket, p)):
+        config = {k: freeze(v) for k, v in knobs_for(knobs, place).items()}
+        if config not in seen:
+            seen.append(config)
+            out.append(place)
+    return out[:tuneonce.MAX_FINALISTS]
 
 
 def row_bucket(inputs) -> str:
@@ -47,16 +146,3 @@ def row_bucket(inputs) -> str:
     power of two, e.g. "bfloat16/n4096"."""
     n = inputs[0].shape[-1]
     return f"{str(inputs[0].dtype).removeprefix('torch.')}/n{1 << max(n - 1, 0).bit_length()}"
-
-
-def merged(current: dict, changes: dict) -> dict:
-    """The dispatch table `current` with `changes` ({bucket: {knob: value}}) over it; buckets
-    and knobs in sorted order, so equal tables have equal text."""
-    out = {b: dict(v) for b, v in current.items()}
-    for bucket, values in changes.items():
-        out.setdefault(bucket, {}).update(values)
-    return {b: dict(sorted(out[b].items())) for b in sorted(out)}
-
-
-def changed_buckets(before: dict, after: dict) -> list[str]:
-    return sorted(b for b in set(before) | set(after) if before.get(b) != after.get(b))

@@ -20,3 +20,17 @@ class AfterRecord(UserError):
     stop rules, the next suggestions) could not be decided: not 'nothing changed'."""
 
     exit_code = 1
+
+
+class Busy(UserError):
+    """Another perfloop command holds the lock this one needs; nothing was changed."""
+
+
+class EnvironmentFailure(UserError):
+    """The machine, not the candidate, failed (no space, read-only files, a git lock, a missing
+    tool): the line names what to fix. Raised before work starts, nothing changed (exit 2);
+    `during` one, the experiment was left unrecorded for `perfloop run --resume` (exit 1)."""
+
+    def __init__(self, message: str, during: bool = False):
+        super().__init__(message)
+        self.exit_code = 1 if during else 2

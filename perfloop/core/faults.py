@@ -1,5 +1,7 @@
 """Fault injection for the resume tests: PERFLOOP_CRASH_AT=phase (or phase@iteration) makes
-perfloop kill itself with SIGKILL at that point, as a power cut or `kill -9` would."""
+perfloop kill itself with SIGKILL at that point, as a power cut or `kill -9` would; with
+PERFLOOP_CRASH_SIGNAL=INT it sends SIGINT instead, to its whole process group when it leads
+one, as a terminal's Ctrl-C does (git helpers in the group get it too)."""
 
 import os
 import signal
@@ -7,5 +9,11 @@ import signal
 
 def crashpoint(name: str, iteration: int | None = None) -> None:
     want = os.environ.get("PERFLOOP_CRASH_AT")
-    if want and want in (name, f"{name}@{iteration}"):
+    if not want or want not in (name, f"{name}@{iteration}"):
+        return
+    if os.environ.get("PERFLOOP_CRASH_SIGNAL") != "INT":
         os.kill(os.getpid(), signal.SIGKILL)
+    elif os.getpgrp() == os.getpid():
+        os.killpg(os.getpgrp(), signal.SIGINT)
+    else:  # (not a group of its own: the signal would reach whoever started perfloop)
+        os.kill(os.getpid(), signal.SIGINT)

@@ -5,6 +5,8 @@ A kernel folder holds
                tolerances per output dtype, optional per-knob candidates and tags (the
                playbook's ranking for kinds of kernel), optional held-back shapes (timed
                only to check a per-bucket dispatch; derived from the shapes if absent);
+               optional [workload], the family of shapes it serves (perfloop.core.workload:
+               held-out shapes drawn from it, and the buckets decisions are taken in);
                pinned for a run;
   knobs.json   the tunable values: the file the loop edits and commits;
   kernel.py    build(knobs) -> launch(inputs, out), which experiments change; and the
@@ -14,7 +16,8 @@ A kernel folder holds
                fp32 and sfu (perfloop.core.traffic; the older (bytes, flops) pair counts its
                FLOPs as tensor.bf16), optionally DEVICE and Clock (CPU-timed kernels); optionally
                compile_ahead(knobs, shapes, arch) for `perfloop check`; optionally
-               bucket(inputs) -> str, the key of per-shape dispatch (perfloop.core.dispatch);
+               bucket(inputs) -> str, the key of per-shape dispatch (perfloop.core.dispatch;
+               without it, the workload's buckets: perfloop.core.workload);
                optionally competitors() -> {name: fn(*inputs)}, timed by `perfloop bench`;
                optionally (perfloop.core.hooks) INPLACE, the inputs launch updates (restored before
                every launch, checked against reference's extra results), scratch(inputs) ->
@@ -28,6 +31,7 @@ docs/writing-a-kernel.md documents the contract for users.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import sys
@@ -35,54 +39,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from perfloop.core.errors import UserError
+from perfloop.core.shape import Shape, _items  # noqa: F401  (the contract's)
 from perfloop.core.values import freeze, thaw
 
 SHIPPED = Path(__file__).resolve().parents[2] / "kernels"
 MANIFEST, KNOBS, MODULE = "kernel.toml", "knobs.json", "kernel.py"
 TOLERANCE_KEYS = ("rtol", "atol", "max_rel_err")
-
-
-@dataclass(frozen=True)
-class Shape:
-    name: str
-    dims: tuple[int, ...]
-    dtype: str
-    headline: bool = False
-    held_back: bool = False   # timed only to check that a per-bucket choice generalizes
-    param_items: tuple = ()   # (name, value) pairs: the case's named parameters (params)
-    dtype_items: tuple = ()   # (tensor name, dtype) pairs: dtypes other than `dtype` (dtypes)
-
-    @property
-    def params(self) -> dict:
-        """The case's named parameters, e.g. {"M": 128, "eps": 1e-6} (kernel.toml's params)."""
-        return dict(self.param_items)
-
-    @property
-    def dtypes(self) -> dict:
-        """The dtype of each tensor kernel.toml names in `dtypes`, e.g. {"w": "float32"}."""
-        return dict(self.dtype_items)
-
-    def dtype_of(self, tensor: str) -> str:
-        """The dtype of the named tensor: as `dtypes` gives it, else the case's `dtype`."""
-        return self.dtypes.get(tensor, self.dtype)
-
-    def as_dict(self) -> dict:
-        """name, dims (a list), dtype, headline, held_back, params, dtypes: the fields a
-        kernel's functions may read."""
-        return {"name": self.name, "dims": list(self.dims), "dtype": self.dtype,
-                "headline": self.headline, "held_back": self.held_back,
-                "params": self.params, "dtypes": self.dtypes}
-
-    @classmethod
-    def from_dict(cls, raw: dict) -> "Shape":
-        return cls(raw["name"], tuple(raw["dims"]), raw["dtype"], bool(raw.get("headline")),
-                   bool(raw.get("held_back")), _items(raw.get("params")),
-                   _items(raw.get("dtypes")))
-
-
-def _items(table) -> tuple:
-    """A TOML or JSON table as sorted (key, value) pairs, so a Shape stays hashable."""
-    return tuple(sorted((table or {}).items()))
 
 
 def derived_held_back(shape: Shape) -> Shape:
@@ -105,7 +67,8 @@ class KernelSpec:
     judge_rel: str = ""                             # the judge, relative to the repository root
     manifest_text: str = ""
     tags: tuple = ()                                # e.g. ("reduction",): the playbook ranks by them
-    held_back: tuple = ()                           # shapes timed only in dispatch experiments
+    held_back: tuple = ()                           # [[held_back]], or derived without a workload
+    workload: object = None                         # perfloop.core.workload.Workload
 
     @property
     def headline(self) -> Shape:
@@ -177,3 +140,13 @@ def triton_competitor(folder: Path, file: str, function: str) -> dict:
     if importlib.util.find_spec("triton") is None:
         return {}
     return {"triton": getattr(import_module(folder, f"competitor_{function}", file), function)}
+
+
+def code_digest(folder: Path) -> str:
+    """The digest of a kernel folder's code: every file but knobs.json (variants that differ
+    only in knobs share it, and with it their compile cache)."""
+    h = hashlib.sha256()
+    for path in sorted(Path(folder).rglob("*")):
+        if path.is_file() and path.name != KNOBS and "__pycache__" not in path.parts:
+            h.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:16]

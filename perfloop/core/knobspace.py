@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from perfloop.core import dispatch
+from perfloop.core import dispatch_table as dispatch
 from perfloop.core.errors import UserError
 from perfloop.core.kernel import MODULE, import_module
 from perfloop.core.values import freeze

@@ -6,6 +6,7 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
+from perfloop.core import workload
 from perfloop.core.errors import UserError
 from perfloop.core.kernel import (
     KNOBS,
@@ -43,12 +44,13 @@ def load_spec(folder: Path, repo_root: Path, text: str | None = None) -> KernelS
     try:
         name, judge_rel = _identity(manifest, folder)
         shapes = _shapes(manifest)
-        held_back = _held_back(manifest, shapes)
+        family = _workload(manifest, shapes)
+        held_back = _held_back(manifest, shapes, family.declared)
         _check_shapes(shapes, held_back)
         judge = _judge(repo_root, judge_rel, folder)
         spec = KernelSpec(name, folder, judge, shapes, _candidates(manifest, folder),
                           _flag(manifest, "requires_gpu", True), _tolerance(manifest),
-                          judge_rel, text, _tags(manifest), held_back)
+                          judge_rel, text, _tags(manifest), held_back, family)
     except _Bad as exc:
         raise bad(str(exc)) from None
     return spec
@@ -109,10 +111,19 @@ def _shapes(manifest: dict) -> tuple[Shape, ...]:
     return shapes
 
 
-def _held_back(manifest: dict, shapes: tuple) -> tuple[Shape, ...]:
+def _workload(manifest: dict, shapes: tuple) -> workload.Workload:
+    try:
+        return workload.parse(manifest.get("workload"), shapes)
+    except workload.WorkloadError as exc:
+        raise _Bad(str(exc)) from None
+
+
+def _held_back(manifest: dict, shapes: tuple, declared: bool) -> tuple[Shape, ...]:
+    """[[held_back]]; without it, one derived per benchmark shape, unless a workload is
+    declared (its held-out shapes are drawn from it: perfloop.core.workload.held_out)."""
     held = manifest.get("held_back")
     if held is None:
-        return tuple(derived_held_back(s) for s in shapes)
+        return () if declared else tuple(derived_held_back(s) for s in shapes)
     out = _shape_list(held, True, "each [[held_back]] shape needs name, dims and dtype")
     for s in out:
         _check_shape(s)

@@ -3,7 +3,7 @@ column, commit messages, reports. One place, so a row, its commit and its report
 
 from __future__ import annotations
 
-from perfloop.core import dispatch
+from perfloop.core import dispatch_table as dispatch
 from perfloop.core.values import freeze, thaw
 from perfloop.core.vocab import MULTI
 

@@ -103,11 +103,13 @@ class Limits:
     compile_processes: int = 0   # parallel warmers that fill cuTile's cache while judging
     judge_processes: int = 1     # pytest processes that judge an iteration's candidates
     start_ahead: bool = False    # GPU kernels: the next experiment's children start while timing
+    confine: str = "read-write"  # what kernel code may touch: "read-write", "write" or "off"
 
 
 @dataclass(frozen=True)
 class Verify:
-    max_fresh_ratio: float = 1.5
+    max_fresh_ratio: float = 1.5   # (unused since every timed launch runs on fresh inputs)
+    max_control_gap: float = 0.05  # a baseline whose A/A control differs more is no baseline
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,7 @@ class Rules:
     judge_processes: int = 1
     start_ahead: bool = False
     classes: Classes = Classes()   # absent from rules pinned before it: the defaults
+    confine: str = "read-write"    # absent from rules pinned before it: the default
 
 
 @dataclass(frozen=True)
@@ -240,7 +243,8 @@ def rules_from_dict(raw: dict, where: str = "pinned rules") -> Rules:
                      compile_processes=raw.get("compile_processes", 0),
                      judge_processes=raw.get("judge_processes", 1),
                      start_ahead=raw.get("start_ahead", False),
-                     classes=Classes(**raw.get("classes", {})))
+                     classes=Classes(**raw.get("classes", {})),
+                     confine=raw.get("confine", "read-write"))
     except (KeyError, TypeError) as exc:
         raise UserError(f"{where} are incomplete ({exc.__class__.__name__}: {exc}); start a new "
                         "run with --new") from None
@@ -261,6 +265,16 @@ def _classes(classes: Classes, path: Path) -> Classes:
         raise UserError(f"{path}: [classes] bounds must be positive, each memory_below no "
                         "larger than its compute_above")
     return classes
+
+
+CONFINE = ("read-write", "write", "off")
+
+
+def _confine(value, path: Path) -> str:
+    if value not in CONFINE:
+        raise UserError(f"{path}: [limits] confine must be one of {', '.join(CONFINE)}, not "
+                        f"{value!r}")
+    return value
 
 
 def with_rules(book: Playbook, raw: dict) -> Playbook:
@@ -305,6 +319,7 @@ def load(directory: Path) -> Playbook:
         judge_processes=limits.judge_processes,
         start_ahead=bool(limits.start_ahead),
         classes=_classes(_typed(Classes, rules, "classes", rules_path), rules_path),
+        confine=_confine(limits.confine, rules_path),
     )
     autotune_path = directory / "autotune.toml"
     autotune = read_toml(autotune_path) if autotune_path.exists() else {}

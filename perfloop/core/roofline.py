@@ -1,6 +1,6 @@
 """The physical floor of a kernel's time: each execution unit's peak (tensor cores by dtype,
 fp32 lanes, special-function units) from the architecture's rate per SM and clock, and the
-device's measured bandwidth (perfloop.child.ceilings measures it). Pure functions: the parent
+device's measured bandwidth (perfloop.referee.ceilings measures it). Pure functions: the parent
 reads the ceilings a timing recorded, the timer computes floors with them."""
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ traffic(shape) returns either the old pair (bytes, flops), whose FLOPs count at 
 tensor-core rate (what the pair has always meant), or a mapping
     {"bytes": B, "flops": {"tensor.bf16": x, "fp32": y, "sfu": z}}
 naming the unit each part runs on, so that the floor and the class are right for a matmul
-and a softmax alike (perfloop.child.ceilings holds each unit's peak per architecture).
+and a softmax alike (perfloop.referee.ceilings holds each unit's peak per architecture).
 """
 
 from __future__ import annotations
@@ -88,10 +88,10 @@ def of(module, shape, kernel: str) -> Work:
     return parse(raw, where)
 
 
-def check(module, spec) -> None:
-    """Every benchmark and held-back shape's work can be read: before a run or a bench writes
-    anything, not as a traceback in a timing process."""
-    for shape in spec.shapes + spec.held_back:
+def check(module, spec, held_out: tuple = ()) -> None:
+    """Every benchmark, held-back and held-out shape's work can be read: before a run or a
+    bench writes anything, not as a traceback in a timing process."""
+    for shape in spec.shapes + spec.held_back + tuple(held_out):
         of(module, shape, spec.name)
 
 

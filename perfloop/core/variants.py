@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import random
 from typing import Callable
 
 from perfloop.core.playbook import Playbook
@@ -91,3 +92,29 @@ def exhaustive(domains: dict[str, list], allowed: Callable[[dict], bool] | None 
     rows = [dict(zip(names, combo)) for combo in itertools.product(*domains.values())]
     kept = [r for r in rows[1:] if allowed is None or allowed(r)]
     return rows[:1] + kept, len(rows) - 1 - len(kept)
+
+
+def sample(rows: list[dict], extra: int, seed: int) -> list[dict]:
+    """A subset of `rows` (a pairwise set: its first row the committed one) for a quick check:
+    the first row, then greedily the rows that hold values no row taken yet holds, until
+    every value the rows hold is in, then `extra` more of the rest drawn at random (seeded,
+    so a CI log names the same variants every time). Kept in `rows`' order."""
+    taken, seen = {0}, _values(rows[:1])
+    every = _values(rows)
+    while seen != every:
+        best = max(range(len(rows)), key=lambda r: (len(_values([rows[r]]) - seen), -r))
+        taken.add(best)
+        seen |= _values([rows[best]])
+    rest = [r for r in range(len(rows)) if r not in taken]
+    taken |= set(random.Random(seed).sample(rest, min(extra, len(rest))))
+    return [rows[r] for r in sorted(taken)]
+
+
+def pairs_covered(rows: list[dict]) -> set:
+    """The (knob, value, knob, value) pairs that some row holds."""
+    return {(a, row[a], b, row[b]) for row in rows
+            for a, b in itertools.combinations(sorted(row), 2)}
+
+
+def _values(rows: list[dict]) -> set:
+    return {(k, v) for row in rows for k, v in row.items()}

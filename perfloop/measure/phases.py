@@ -1,5 +1,5 @@
-"""The two measured phases of an experiment, each in child processes under a deadline: the
-judge (the kernel's pytest file) and the timing worker.
+"""The timing phase of an experiment, in child processes under a deadline (the judge's side is
+perfloop.measure.judge).
 
 Both children get the same environment: nothing tells kernel code whether it is being judged
 or timed (the request travels in a file named on the command line). Each child writes only
@@ -15,15 +15,15 @@ import json
 import os
 import secrets
 import statistics
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from perfloop.core import progress, stats
 from perfloop.core.atomic import digest, json_bytes, write_bytes, write_json
+from perfloop.core.kernel import code_digest
 from perfloop.core.playbook import Rules, thaw
+from perfloop.core.sandbox import Confinement, kernel_env
 from perfloop.core.vocab import CONTROL, INCUMBENT, Outcome
 from perfloop.measure import process
 
@@ -42,285 +42,13 @@ def child_env(playbook_dir: Path) -> dict:
     return env
 
 
-def _variants_json(variants: list[dict]) -> list[dict]:
+def variants_json(variants: list[dict]) -> list[dict]:
     return [{**v, "folder": str(v["folder"]),
              "knobs": {k: thaw(x) for k, x in v["knobs"].items()}} for v in variants]
 
 
 def nonce() -> str:
     return secrets.token_hex(4)
-
-
-@dataclass
-class JudgeResult:
-    crashed: dict = field(default_factory=dict)  # label -> why its judge died
-    passed: dict = field(default_factory=dict)   # label -> bool, for labels judged to the end
-    cases: dict = field(default_factory=dict)    # label -> [case records]
-    imports: set = field(default_factory=set)    # every file a judge process imported
-    tampered: set = field(default_factory=set)   # perfloop functions kernel code replaced
-    doubted: dict = field(default_factory=dict)  # label -> why its passing cases do not count
-    wall_s: float = 0.0
-    detail: str = ""
-    processes: int = 1                           # judge processes run side by side
-
-
-def _judge_cmd(judge_file: Path, cwd: Path, request: Path) -> list[str]:
-    """(A judge whose request file does not exist yet was started ahead: it waits for it.)"""
-    return process.python(cwd, "pytest", str(judge_file), "-q", "-p", "no:cacheprovider", "-p",
-                        "perfloop.child.judge_plugin", f"--perfloop-request={request}", "-o", "addopts=",
-                        "--rootdir", str(cwd))
-
-
-@dataclass
-class JudgePool:
-    """Judge processes started ahead of the experiment that will use them: each has started
-    pytest, loaded its plugins and imported perfloop.child.lifeline.PRELOAD, and waits for its request file (named on
-    its command line, so nothing in its environment differs from a judge started on demand).
-    `phases.judge` takes them in place of new processes; `discard` kills what is left."""
-
-    key: tuple                                       # (judge file, cwd, environment)
-    ready: list = field(default_factory=list)        # [(request path, process.Running)]
-
-    def take(self, key: tuple):
-        """A waiting process for a judge with this key, or None; one that has died is dropped."""
-        while self.ready and key == self.key:
-            request, running = self.ready.pop(0)
-            if running.proc.poll() is None:
-                return request, running
-            running.kill()
-        return None
-
-    def discard(self) -> None:
-        while self.ready:
-            self.ready.pop()[1].kill()
-
-
-def _pool_key(judge_file: Path, cwd: Path, env: dict) -> tuple:
-    return str(judge_file), str(cwd), tuple(sorted(env.items()))
-
-
-def start_judges(judge_file: Path, *, cwd: Path, work: Path, env: dict,
-                 processes: int) -> JudgePool:
-    """Start `processes` judge processes for the next experiment (see JudgePool)."""
-    pool = JudgePool(_pool_key(judge_file, cwd, env))
-    for _ in range(processes):
-        tag = nonce()
-        request = work / f"judge-{tag}.json"
-        pool.ready.append((request, process.start(
-            _judge_cmd(judge_file, cwd, request), log=work / f"judge-{tag}.log",
-            env=env, cwd=cwd)))
-    return pool
-
-
-def _judge_once(judge_file: Path, variants: list[dict], *, cwd: Path, work: Path,
-                deadline: float, stall_s: float, env: dict,
-                cancel: threading.Event | None = None, shown=None,
-                contract: dict | None = None, shard: tuple | None = None,
-                ready: tuple | None = None) -> tuple:
-    """Judge the variants in one pytest process: `ready` (request path, running child) from a
-    JudgePool, or a new one."""
-    if ready:
-        request, running = ready
-        if any(p.exists() for p in _judge_files(request)):
-            running.kill()  # someone wrote its request or outputs first: not this process
-            ready = None
-    if not ready:
-        request, running = work / f"judge-{nonce()}.json", None
-    _, log, imports = _judge_files(request)
-    body = json_bytes({"variants": _variants_json(variants), "log": str(log),
-                       "imports_out": str(imports), **({"shard": list(shard)} if shard else {}),
-                       **({"contract": contract} if contract else {})})
-    if running is None:
-        write_bytes(request, body)
-        running = process.start(_judge_cmd(judge_file, cwd, request), log=request.with_suffix(".log"),
-                              env=env, cwd=cwd, progress=[log])
-    else:
-        running.adopt(progress=[log])
-        write_bytes(request, body)  # (atomic: the waiting process reads all of it or nothing)
-    res = running.wait(deadline=deadline, stall_s=stall_s, cancel=cancel,
-                       on_progress=shown.watch(log) if shown else None)
-    cases: dict[str, list] = {v["label"]: [] for v in variants}
-    garbled = 0
-    if log.exists():
-        for line in log.read_text().splitlines():
-            try:
-                entry = json.loads(line)
-                label, _ = entry["label"], entry["passed"]
-                cases.setdefault(label, []).append(entry)
-            except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
-                garbled += 1
-    try:
-        audit = json.loads(imports.read_text()) if imports.exists() else {}
-    except json.JSONDecodeError:
-        audit, garbled = {}, garbled + 1
-    if not isinstance(audit, dict):
-        audit, garbled = {}, garbled + 1
-    if audit:
-        audit["foreign_request"] = audit.get("request") != digest(body)
-    if garbled:
-        audit["garbled"] = garbled
-    return res, cases, audit
-
-
-def _judge_files(request: Path) -> list[Path]:
-    """A judge's request, its case log and its audit: none exists before perfloop writes the
-    request (their names carry a fresh nonce)."""
-    tag = request.name[len("judge-"):-len(".json")]
-    return [request, request.with_name(f"judge-{tag}-cases.jsonl"),
-            request.with_name(f"judge-{tag}-imports.json")]
-
-
-def _incomplete(res: process.ChildResult, audit: dict) -> str:
-    """Why a judge process's verdict cannot stand, or "" if it can: it died or hung, pytest
-    itself failed, or it ended before every case it was given had run (the audit the plugin
-    writes at the end of the session says how many did)."""
-    if res.died or res.returncode not in (0, 1):
-        return res.describe()
-    if audit.get("garbled"):
-        return (f"{res.describe()}, but {audit['garbled']} line(s) of its case log or audit are "
-                "not perfloop's records (written over by code that ran in it?)")
-    if audit.get("selected") is None:
-        return (f"{res.describe()} without finishing its session (an exit from inside a test?), "
-                "so not every case it was given ran")
-    if audit.get("finished") != audit["selected"]:
-        return f"ended after {audit.get('finished')} of {audit['selected']} cases"
-    if audit.get("foreign_request"):
-        return ("judged a request perfloop did not write (its request file was replaced while "
-                "the process waited for it)")
-    return ""
-
-
-def _doubt(res: process.ChildResult, found: dict, audit: dict) -> str:
-    """Why the passing cases of a judge process that ran to its end do not count, or ""."""
-    if audit.get("skipped_running"):
-        return (f"{audit['skipped_running']} test(s) skipped themselves while running (kernel "
-                "code can call pytest.skip, in a test or a fixture; the judge skips only by "
-                "marks)")
-    if res.returncode == 1 and all(e["passed"] for c in found.values() for e in c):
-        return "a test failed outside perfloop.child.judge_api.check"
-    return ""
-
-
-def split(variants: list[dict], processes: int,
-          share_cases: bool = True) -> list[tuple[list[dict], tuple | None]]:
-    """How the judge's processes share the work: (variants, shard) per process. With at least
-    as many variants as processes, each process judges whole variants (a variant's cases share
-    its compiles). With fewer, each variant's cases are cut into contiguous shards, one per
-    process (cases next to each other differ least, e.g. by seed, and share compiles): a
-    kernel whose judge compiles a variant per dtype and width then compiles side by side.
-    Without `share_cases` (a kernel with nothing to compile, whose judge is mostly process
-    start-up) fewer variants take fewer processes instead."""
-    width = max(1, min(processes, len(variants)))
-    if len(variants) >= processes or not share_cases:
-        return [(variants[i::width], None) for i in range(width)]
-    out = []
-    for i, v in enumerate(variants):
-        shards = processes // len(variants) + (i < processes % len(variants))
-        out += [([v], (k, shards) if shards > 1 else None) for k in range(shards)]
-    return out
-
-
-def judge(judge_file: Path, variants: list[dict], *, cwd: Path, work: Path, deadline: float,
-          stall_s: float, env: dict, processes: int = 1, share_cases: bool = False,
-          contract: dict | None = None, pool: JudgePool | None = None) -> JudgeResult:
-    """Judge the variants in up to `processes` pytest processes run side by side (see split);
-    if a process dies or hangs, each variant it judged is judged again whole in a process of
-    its own, so one crashing candidate does not void the others. `contract` ({folder, copy}):
-    the run's pinned copy of the kernel folder, whose tolerance hook the judge's
-    perfloop.child.judge_api.tolerance uses. `pool`: processes started ahead for this judge
-    (start_judges), used before new ones; whatever is left of it is killed."""
-    out = JudgeResult()
-    t0 = time.monotonic()
-    key = _pool_key(judge_file, cwd, env)
-    pending = [(group, shard, pool.take(key) if pool else None)
-               for group, shard in split(variants, processes, share_cases)]
-    if pool:
-        pool.discard()
-    cancel = threading.Event()  # Ctrl-C: every judge process is killed, none awaited
-    threads = ThreadPoolExecutor(max(1, len(pending)), thread_name_prefix="perfloop-judge")
-    shown = _JudgeShown(len(variants), len(pending)) if progress.enabled() else None
-    out.processes = len(pending)
-    try:
-        while pending:
-            runs = list(threads.map(lambda job: (job, _judge_once(
-                judge_file, job[0], cwd=cwd, work=work, deadline=deadline, stall_s=stall_s,
-                env=env, cancel=cancel, shown=shown, contract=contract, shard=job[1],
-                ready=job[2])), pending))
-            pending = []
-            cases: dict[str, list] = {}
-            untrusted, redo = {}, {}
-            # the shards of one variant cut one collection: processes that collected other
-            # cases, or in another order (parameters from a set), would skip or repeat some
-            cut = {}
-            for (group, shard, _), (_, _, audit) in runs:
-                if shard:
-                    cut.setdefault(group[0]["label"], set()).add(audit.get("collected"))
-            for (group, shard, _), (res, found, audit) in runs:
-                out.imports |= set(audit.get("imports", ()))
-                out.tampered |= set(audit.get("tampered", ()))
-                why = _incomplete(res, audit)
-                if not why and shard and len(cut[group[0]["label"]]) > 1:
-                    why = ("its shards collected different cases, or the same in another order "
-                           "(parameters from a set?): some would be judged twice, others never")
-                if why:
-                    if (len(group) > 1 or shard) and time.monotonic() < deadline:
-                        redo.update((v["label"], v) for v in group)
-                        continue
-                    for v in group:
-                        out.crashed[v["label"]] = f"judge {why} (log: {res.log})"
-                    continue
-                for label, entries in found.items():
-                    cases.setdefault(label, []).extend(entries)
-                doubt = _doubt(res, found, audit)
-                if doubt:
-                    untrusted.update((v["label"], doubt) for v in group)
-                out.detail = f"judge {res.describe()}"
-            for label in cases.keys() - redo.keys() - out.crashed.keys():
-                c = cases[label]
-                out.passed[label] = bool(c) and all(e["passed"] for e in c) \
-                    and label not in untrusted
-                out.cases[label] = c
-                if label in untrusted:
-                    out.doubted[label] = untrusted[label]
-            # judged again whole (never redone twice: those jobs are one variant, no shard)
-            pending = [([v], None, None) for label, v in redo.items() if label not in out.crashed]
-    except BaseException:
-        cancel.set()
-        raise
-    finally:
-        threads.shutdown(wait=True)
-        if shown:
-            shown.bar.close()
-    out.wall_s = round(time.monotonic() - t0, 3)
-    return out
-
-
-class _JudgeShown:
-    """The judge's progress line: the cases its processes have checked, from their case logs."""
-
-    def __init__(self, candidates: int, processes: int):
-        self.what = f"{candidates} candidate{'s' * (candidates != 1)} in {processes} " \
-                    f"process{'es' * (processes != 1)}"
-        self.bar = progress.task("judge", self.what)
-        self.passed = self.failed = 0
-        self.lock = threading.Lock()
-
-    def watch(self, log: Path):
-        tail = progress.Tail(log)
-
-        def seen():
-            with self.lock:
-                for line in tail.lines():
-                    try:
-                        ok = json.loads(line).get("passed")
-                    except json.JSONDecodeError:
-                        continue
-                    self.passed += bool(ok)
-                    self.failed += not ok
-                self.bar.update(f"{self.what}: {self.passed + self.failed} cases checked"
-                                + (f", {self.failed} failed" if self.failed else ""))
-
-        return seen
 
 
 class _TimingShown:
@@ -400,10 +128,10 @@ class Pending:
 
 
 def start_timer_ahead(*, cwd: Path, work: Path, env: dict) -> tuple:
-    """A timing worker for the next experiment, started now: it imports perfloop.child.lifeline.PRELOAD and
+    """A timing worker for the next experiment, started now: it imports perfloop.core.lifeline.PRELOAD and
     waits for its spec (see start_timing's `ahead`). Returns (spec path, running child)."""
     spec_path = work / f"timing-{nonce()}-spec.json"
-    return spec_path, process.start(process.python(cwd, "perfloop.child.timer", str(spec_path)),
+    return spec_path, process.start(process.python(cwd, "perfloop.referee.timer", str(spec_path)),
                                   log=spec_path.with_name(spec_path.name[:-len("-spec.json")]
                                                           + ".log"), env=env, cwd=cwd)
 
@@ -428,7 +156,7 @@ def _launch(pending: Pending, variants: list[dict], go: dict | None,
         ahead = tag = None
     tag = tag or nonce()
     paths = files(tag)
-    spec = json_bytes({**pending.common, "variants": _variants_json(variants), **paths})
+    spec = json_bytes({**pending.common, "variants": variants_json(variants), **paths})
     pending.specs[tag] = digest(spec)
     spec_path = ahead[0] if ahead else work / f"timing-{tag}-spec.json"
     if go is not None:
@@ -438,7 +166,7 @@ def _launch(pending: Pending, variants: list[dict], go: dict | None,
         write_bytes(spec_path, spec)  # (atomic: the waiting worker reads all of it or nothing)
         return tag, ahead[1]
     write_bytes(spec_path, spec)
-    running = process.start(process.python(pending.cwd, "perfloop.child.timer", str(spec_path)),
+    running = process.start(process.python(pending.cwd, "perfloop.referee.timer", str(spec_path)),
                           log=work / f"timing-{tag}.log", env=pending.env, cwd=pending.cwd,
                           progress=[Path(paths["progress"])])
     return tag, running
@@ -448,7 +176,8 @@ def start_timing(variants: list[dict], shapes: list[dict], rules: Rules, *, cont
                  tolerance: dict, headline: str, ceilings_cache: Path, work: Path, cwd: Path,
                  env: dict, checked: list[str] | None = None,
                  only_buckets: list[str] | None = None, always: list[str] = (),
-                 ahead: tuple | None = None) -> Pending:
+                 ahead: tuple | None = None, confinement: Confinement = Confinement(),
+                 cache: Path | None = None) -> Pending:
     """Start the worker for these variants (the incumbent and its control first). `checked`
     names the variants whose outputs and streams are checked (default: all but the incumbent
     and its control). `only_buckets`: time only the shapes in these buckets (by the kernel's
@@ -457,9 +186,12 @@ def start_timing(variants: list[dict], shapes: list[dict], rules: Rules, *, cont
     common = {"shapes": shapes, "measure": vars(rules.measure),
               **({"only_buckets": list(only_buckets), "always": list(always)}
                  if only_buckets is not None else {}),
-              "max_fresh_ratio": rules.verify.max_fresh_ratio, "contract_folder": str(contract),
+              "contract_folder": str(contract), "root": str(cwd),
+              "reply_timeout_s": rules.stall_timeout_s / 2,
               "regression_tolerance": rules.decision.regression_tolerance,
               "tolerance": tolerance, "headline": headline, "ceilings_cache": str(ceilings_cache),
+              "confinement": {"mode": confinement.mode, "reads": list(confinement.reads)},
+              "cache": str(cache or work / "cache"),
               **({"checked": checked} if checked is not None else {})}
     pending = Pending(common, list(variants), work, cwd, env, rules.stall_timeout_s,
                       time.monotonic())
@@ -468,19 +200,29 @@ def start_timing(variants: list[dict], shapes: list[dict], rules: Rules, *, cont
 
 
 def start_warmers(variants: list[dict], shapes: list[dict], *, processes: int, contract: Path,
-                  work: Path, cwd: Path, env: dict) -> list:
+                  work: Path, cwd: Path, env: dict, confinement: Confinement = Confinement(),
+                  cache: Path | None = None) -> list:
     """Up to `processes` children (perfloop.child.warm) that launch the variants once at every
     shape, each its share of them, so their compiles land in cuTile's disk cache in parallel
-    while the judge runs. Stop them with stop_warmers."""
-    count = min(processes, len(variants))
-    running = []
-    for i in range(count):
-        tag = nonce()
-        spec = work / f"warm-{tag}.json"
-        write_json(spec, {"contract_folder": str(contract), "shapes": shapes,
-                          "variants": _variants_json(variants[i::count])})
-        running.append(process.start(process.python(cwd, "perfloop.child.warm", str(spec)),
-                                   log=work / f"warm-{tag}.log", env=env, cwd=cwd))
+    while the judge runs. Variants of one code share a cache (and a warmer); no process that
+    runs one code may write another's. Stop them with stop_warmers."""
+    groups: dict = {}
+    for v in variants:
+        groups.setdefault(code_digest(Path(v["folder"])), []).append(v)
+    count, running = min(processes, len(variants)), []
+    for code, group in groups.items():
+        share = max(1, round(count * len(group) / len(variants)))
+        for i in range(min(share, len(group))):
+            folder = work / f"k-{nonce()}"
+            folder.mkdir(parents=True)
+            spec = folder / "warm.json"
+            write_json(spec, {"contract_folder": str(contract), "shapes": shapes,
+                              "variants": variants_json(group[i::share])})
+            mine = kernel_env({**env, "CUDA_TILE_CACHE_DIR": str((cache or work / "cache")
+                                                                 / code)},
+                              folder, cwd, confinement)
+            running.append(process.start(process.python(cwd, "perfloop.child.warm", str(spec)),
+                                         log=folder / "warm.log", env=mine, cwd=cwd))
     return running
 
 

@@ -4,29 +4,57 @@
   `stall_s`) the whole group is killed, and the caller records a crash.
 - If perfloop itself dies, even by SIGKILL, the kernel sends the child SIGTERM (Linux's
   parent-death signal, set here between fork and exec); the child's side of that is
-  perfloop.child.lifeline.
+  perfloop.core.lifeline.
 """
 
 from __future__ import annotations
 
-import ctypes
-import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-PR_SET_PDEATHSIG = 1
-BOOTSTRAP = (Path(__file__).resolve().parent.parent / "child" / "bootstrap.py").read_text()
+from perfloop.core import spawn
+
+python = spawn.python  # the command line of a child
+_LIVE: set[int] = set()  # the children started here and not yet killed
 
 
-def python(root: Path, mode: str, *args: str) -> list[str]:
-    """The command line of a child: perfloop/child/bootstrap.py, then pytest or a module."""
-    return [sys.executable, "-c", BOOTSTRAP, str(root), mode, *args]
+def _session(pid: int) -> int | None:
+    import os
+
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return None
+
+
+def kill_strays() -> int:
+    """Kill the processes that came to this one (a subreaper: perfloop.cli makes it one) in a
+    session of their own without being started by it: daemons that kernel code left, once
+    their parent died (this process's own helpers: GitPython's are registered, torch's
+    shared-memory manager is known by its program).
+    Returns how many."""
+    import os
+
+    me, killed = os.getpid(), 0
+    for pid in spawn.descendants():
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                parent = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent == me and pid not in _LIVE | spawn.OWN_HELPERS \
+                and _session(pid) not in (None, _session(me)) and not spawn.torch_shm_manager(pid):
+            try:
+                os.killpg(pid, 9) if os.getpgid(pid) == pid else os.kill(pid, 9)
+                killed += 1
+            except (ProcessLookupError, PermissionError):
+                pass
+    return killed
 
 
 @dataclass(frozen=True)
@@ -52,20 +80,8 @@ class ChildResult:
         return f"exited with status {self.returncode}"
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-        except (OSError, AttributeError):
-            pass
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()
 
 
 def _progress_mark(paths: list[Path]) -> tuple:
@@ -88,8 +104,8 @@ class Running:
         log.parent.mkdir(parents=True, exist_ok=True)
         self.log, self.watched, self.started = log, [log, *progress], time.monotonic()
         self._out = open(log, "wb")
-        self.proc = subprocess.Popen(cmd, stdout=self._out, stderr=subprocess.STDOUT, env=env,
-                                     cwd=cwd, start_new_session=True, preexec_fn=_die_with_parent)
+        self.proc = spawn.start(cmd, stdout=self._out, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+        _LIVE.add(self.proc.pid)
 
     def adopt(self, *, progress: list[Path]) -> None:
         """A child started ahead of its task, which begins now: its time and its stall watch
@@ -97,7 +113,8 @@ class Running:
         self.started, self.watched = time.monotonic(), [self.log, *progress]
 
     def kill(self) -> None:
-        _kill_group(self.proc)
+        spawn.kill_group(self.proc)
+        _LIVE.discard(self.proc.pid)
         self._out.close()
 
     def wait(self, *, deadline: float, stall_s: float | None = None,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from perfloop.core import dispatch
+from perfloop.core import dispatch_table as dispatch
 from perfloop.core.naming import SEARCH_IDS
 from perfloop.core.vocab import Kind, Status, Stop, StopReason
 from perfloop.plan import budget, decide, profile_rank, search

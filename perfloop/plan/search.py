@@ -22,7 +22,8 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
-from perfloop.core import dispatch, playbook
+from perfloop.core import dispatch_table as dispatch
+from perfloop.core import playbook
 from perfloop.core.naming import (
     BUCKET_JOINT,
     DISPATCH,

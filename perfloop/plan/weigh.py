@@ -4,7 +4,7 @@ summarize_pass), decided by the playbook's rules (perfloop.plan.decide)."""
 
 from __future__ import annotations
 
-from perfloop.core import dispatch
+from perfloop.core import dispatch_table as dispatch
 from perfloop.core.playbook import DecisionRules, thaw
 from perfloop.core.stats import Comparison
 from perfloop.core.vocab import CONTROL, INCUMBENT, Correctness, Kind, Outcome, Status
@@ -40,14 +40,23 @@ def untimed(kind: Kind, outcome: dict, timing_crashed: str, judged_ok: bool) -> 
                           crashed[0] if crashed else "nothing was timed")
 
 
-def baseline(summary: dict, headline: str, rules: DecisionRules) -> decide.Verdict:
-    """The baseline is kept unless it measured faster than the physical floor."""
+def baseline(summary: dict, headline: str, rules: DecisionRules,
+             max_control_gap: float = 0.05) -> decide.Verdict:
+    """The baseline is kept unless it measured faster than the physical floor, or its A/A
+    control (the same code timed twice) differs by more than `max_control_gap` at the
+    headline: then no gain of the run could be told from the noise."""
     below = below_floor(summary, INCUMBENT, rules.floor_tolerance)
     if below:
         return decide.Verdict(Status.REVERT, Correctness.PASS, "baseline measured faster than "
                               f"the physical floor on {', '.join(below)}: the measurement is "
                               "broken")
     aa = summary[headline]["vs_incumbent"][CONTROL]
+    if abs(aa["ratio"] - 1) > max_control_gap:
+        return decide.Verdict(Status.REVERT, Correctness.PASS, (
+            f"the same code timed twice differs by {100 * abs(aa['ratio'] - 1):.1f}% at the "
+            f"headline shape (allowed: {100 * max_control_gap:g}%, [verify] max_control_gap): "
+            "this machine is too busy to time on, or the kernel's time is not its own (other "
+            "programs running, a clock that measures nothing); close them and start again"))
     return decide.Verdict(Status.KEEP, Correctness.PASS, "baseline; the same code timed twice "
                           f"differs by {100 * abs(aa['ratio'] - 1):.2f}% (noise "
                           f"{100 * summary[headline]['noise']:.2f}%) at the headline shape")

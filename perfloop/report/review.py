@@ -9,7 +9,8 @@ which kind it is.
 
 from __future__ import annotations
 
-from perfloop.core import dispatch, naming
+from perfloop.core import dispatch_table as dispatch
+from perfloop.core import naming
 from perfloop.core.naming import (
     show_value,
 )

@@ -16,7 +16,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from perfloop.core import dispatch, naming, progress
+from perfloop.core import dispatch_table as dispatch
+from perfloop.core import naming, progress
 from perfloop.core.faults import crashpoint
 from perfloop.core.kernel import KNOBS, knobs_text
 from perfloop.core.playbook import thaw
@@ -26,10 +27,10 @@ from perfloop.core.vocab import (
     Kind,
     Outcome,
 )
-from perfloop.measure import phases
+from perfloop.measure import judge, phases
 from perfloop.plan import decide, weigh
 from perfloop.plan.proposal import Proposal
-from perfloop.run import screening
+from perfloop.run import ahead, screening
 from perfloop.run.finish import finish, knobs_digest
 from perfloop.run.outcomes import apply_timing, judged_outcome, void_if_foreign
 from perfloop.store import gitops, records
@@ -65,7 +66,7 @@ class Trial:
     screened: dict = field(default_factory=dict)     # label -> (Outcome, why), screened out
     screen_ratios: dict = field(default_factory=dict)
     judge_passed: bool = False                       # some candidate passed the judge
-    judged: phases.JudgeResult | None = None
+    judged: judge.JudgeResult | None = None
     timing: phases.Timing | None = None
     passes: list = field(default_factory=list)       # summaries of the timing's passes
     best: str | None = None                          # the label the decision is about
@@ -195,14 +196,19 @@ def judge_and_time(t: Trial) -> None:
     warmers = phases.start_warmers(
         _timed_variants(t, control=False), [sh.as_dict() for sh in t.shapes],
         processes=t.rules.compile_processes, contract=t.contract_dir, work=t.work, cwd=s.root,
-        env=env) if s.spec.requires_gpu and t.candidates else []
+        env=env, confinement=s.confinement(), cache=s.sandbox / "cache"
+    ) if s.spec.requires_gpu and t.candidates else []
     _judge(t, env, timer, warmers)
     passing = [v for v in t.candidates if t.outcome[v["label"]][0] == Outcome.OK]
     t.judge_passed = bool(passing)
-    if not passing:
+    if passing:
+        _time(t, timer, [v["label"] for v in passing] if t.kind != Kind.BASELINE else [])
+    else:
         phases.abandon(timer)
-        return
-    _time(t, timer, [v["label"] for v in passing] if t.kind != Kind.BASELINE else [])
+    if s.perfloop_changed():  # (where no sandbox kept kernel code from perfloop's files)
+        t.outcome = dict.fromkeys(t.outcome, (Outcome.FAIL, "perfloop's own source files "
+                                              "changed while kernel code ran"))
+        t.passes, t.best = [], None
 
 
 def _timed_variants(t: Trial, control: bool = True) -> list:
@@ -213,37 +219,39 @@ def _timed_variants(t: Trial, control: bool = True) -> list:
 
 def _start_timer(t: Trial, env: dict):
     s = t.s
-    ahead, s.timer = s.timer, None  # started while the previous experiment was timed
+    waiting, s.timer = s.timer, None  # started while the previous experiment was timed
     if not t.candidates:
-        if ahead:
-            ahead[1].kill()
+        if waiting:
+            waiting[1].kill()
         return None
     return phases.start_timing(
         _timed_variants(t), [sh.as_dict() for sh in t.shapes], t.rules,
         contract=t.contract_dir, tolerance=s.spec.tolerance, headline=t.choosing.name,
         ceilings_cache=s.ceilings_cache, work=t.work, cwd=s.root, env=env,
+        confinement=s.confinement(), cache=s.sandbox / "cache",
         only_buckets=_touched_buckets(t), always=[s.spec.headline.name],
-        checked=[INCUMBENT] if t.kind == Kind.BASELINE else None, ahead=ahead)
+        checked=[INCUMBENT] if t.kind == Kind.BASELINE else None, ahead=waiting)
 
 
 def _judge(t: Trial, env: dict, timer, warmers: list) -> None:
     s = t.s
-    ahead, s.judges = s.judges, None  # started while the previous experiment was timed
+    pool, s.judges = s.judges, None  # started while the previous experiment was timed
     try:
-        judged = phases.judge(
+        judged = judge.judge(
             s.root / s.state.judge, t.candidates, cwd=s.root, work=t.work,
             deadline=t.deadline, stall_s=t.rules.stall_timeout_s, env=env,
             processes=t.rules.judge_processes, share_cases=s.spec.requires_gpu,  # its cases compile
-            contract={"folder": str(s.spec.folder), "copy": str(t.contract_dir)}, pool=ahead
-        ) if t.candidates else phases.JudgeResult(detail="none left to judge")
+            contract={"folder": str(s.spec.folder), "copy": str(t.contract_dir)}, pool=pool,
+            confinement=s.confinement()
+        ) if t.candidates else judge.JudgeResult(detail="none left to judge")
     except BaseException:  # Ctrl-C while judging: the waiting worker goes too
         phases.abandon(timer)
         raise
     finally:
         warmed = phases.stop_warmers(warmers)
-        if ahead:
-            ahead.discard()
-    s.start_ahead()  # the next experiment's judges and timer, while this one is timed
+        if pool:
+            pool.discard()
+    ahead.start(s)  # the next experiment's judges and timer, while this one is timed
     t.judged = judged
     t.phase_s["correctness"] = judged.wall_s
     t.compile_ahead = {"processes": len(warmers), "finished_while_judged": warmed,
@@ -253,10 +261,6 @@ def _judge(t: Trial, env: dict, timer, warmers: list) -> None:
     void_if_foreign(s, t.outcome, judged.imports, t.allowed,
                     "the judge imported {}, which differs from the run's base commit: its "
                     "verdict does not count")
-    if judged.tampered:
-        why = ("kernel code replaced perfloop's judging functions in the judge "
-               f"({', '.join(sorted(judged.tampered)[:3])})")
-        t.outcome = dict.fromkeys(t.outcome, (Outcome.FAIL, why))
 
 
 def _time(t: Trial, timer, labels: list[str]) -> None:
@@ -295,7 +299,7 @@ def weigh_trial(t: Trial) -> decide.Verdict:
         crashed = t.timing.crashed if t.timing is not None else ""
         return weigh.untimed(t.kind, {**t.outcome, **t.screened}, crashed, t.judge_passed)
     if t.kind == Kind.BASELINE:
-        return weigh.baseline(summary, head, rules)
+        return weigh.baseline(summary, head, rules, t.rules.verify.max_control_gap)
     chosen = t.values.get(t.best) if t.dispatching else None
     return weigh.timed(summary, t.best, head, rules, dispatch_value=chosen,
                        incumbent_knobs=t.incumbent_knobs)
@@ -389,8 +393,8 @@ def record_trial(t: Trial, verdict: decide.Verdict, commit: str) -> records.Expe
     return record
 
 
-def _correctness_detail(judged: phases.JudgeResult | None) -> dict:
-    judged = judged or phases.JudgeResult(detail="none left to judge")
+def _correctness_detail(judged: judge.JudgeResult | None) -> dict:
+    judged = judged or judge.JudgeResult(detail="none left to judge")
     return {"passed": judged.passed, "crashed": judged.crashed, "cases": judged.cases,
             "detail": judged.detail}
 

@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import shutil
 import time
+from contextlib import contextmanager
 from datetime import date
 from pathlib import Path
 from typing import Callable
 
-from perfloop.core import kernel, knobspace, traffic
+from perfloop.core import kernel, knobspace, traffic, workload
 from perfloop.core.errors import UserError
+from perfloop.core.faults import crashpoint
 from perfloop.core.vocab import Kind, Status, Stop, StopReason
 from perfloop.plan import planner
 from perfloop.plan.proposal import Proposal
-from perfloop.run import confirm, experiment, planning, recovery
+from perfloop.run import ahead, confirm, experiment, planning, recovery
 from perfloop.store import gitops, pins, records
 from perfloop.store.session import Session, State, sha256_file
 
@@ -31,9 +33,25 @@ def _archive(s: Session, existing: State) -> Path:
     return archive
 
 
+@contextmanager
+def interruptible(s: Session):
+    """Ctrl-C (KeyboardInterrupt) in the block is written into the run's state, whose
+    in-flight marker, if any, `run --resume` or `step --resume` finishes; then it goes on
+    (the CLI exits 130)."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        if s.has_state():  # (no run was made yet: nothing to say)
+            s.state.interrupted = Stop(StopReason.INTERRUPTED,
+                                       f"interrupted at {time.strftime('%H:%M:%S')}")
+            s.save_state()
+        raise
+
+
 def _require_startable(s: Session, new: bool) -> State | None:
     """Everything init checks before it writes anything."""
     gitops.current_branch(s.repo)
+    s.preflight(gitops.head(s.repo))
     gitops.require_clean(s.repo)
     folder = s.folder_rel
     loose = s.changes_inside_folder()
@@ -53,7 +71,7 @@ def _require_startable(s: Session, new: bool) -> State | None:
     if shadows:
         raise UserError(f"{gitops.listing(shadows)} could be imported by the judge but is not "
                         "committed (new, ignored or changed); commit or remove it first")
-    existing = s.load_state()
+    existing = s.load_state(strict=not new)
     if existing is not None and existing.in_flight:  # --new too: HEAD may be its commit
         raise UserError(f"iteration {existing.in_flight['iteration']} of the run on branch "
                         f"{existing.branch} was interrupted; finish it with `perfloop run "
@@ -70,32 +88,52 @@ def start(s: Session, new: bool = False) -> tuple[records.Experiment, str | None
     that does not pass is undone: the user is back on their branch, the attempt archived;
     returns the baseline's record, and what was undone (None when it passed)."""
     existing = _require_startable(s, new)
+    seed = workload.choose_seed(s.spec.workload)  # the held-out shapes', recorded in the state
     # the benchmark's traffic() is read by the timing process; a wrong one is refused here,
     # in one line, before a branch or a record is written
-    traffic.check(kernel.import_module(s.spec.folder, f"contract_{s.spec.name}"), s.spec)
+    traffic.check(kernel.import_module(s.spec.folder, f"contract_{s.spec.name}"), s.spec,
+                  workload.held_out(s.spec, seed))
     planner.check_space(s.playbook.optimizations, s.spec.read_knobs(), s.spec.candidates,
                         knobspace.space_for(s.spec.folder))  # (likewise canonical(), restrict())
     previous = gitops.current_branch(s.repo)
     if existing is not None:
         _archive(s, existing)
     s.ensure_sandbox_ignored()
-    s.start_ahead()  # the baseline's judges and timer, while the run's branch is made
-    branch = gitops.unique_branch(s.repo, f"cutile-perf-{s.spec.name}-{date.today():%Y%m%d}")
-    sha = gitops.head(s.repo)
-    gitops.create_branch(s.repo, branch)
-    gitops.set_ref(s.repo, f"{gitops.REF_PREFIX}/{branch}/base", sha)  # reserves the name
-    s.begin(State(kernel=s.spec.name, folder=s.folder_rel, branch=branch, base_commit=sha,
-                  incumbent=sha, judge=s.spec.judge_rel,
-                  judge_sha256=sha256_file(s.spec.judge), manifest=s.spec.manifest_text,
-                  rules=s.playbook.rules_dict()))
+    ahead.start(s)  # the baseline's judges and timer, while the run's branch is made
+    _make_run(s, previous, seed)
     record = experiment.run(s, Proposal(Kind.BASELINE))
     planning.settle(s)
     if record.status == Status.KEEP:
         return record, None
+    branch = s.state.branch
     gitops.switch_back(s.repo, previous, branch)
     archive = _archive(s, s.state)
+    s.forget_state()  # (no run is left: nothing to write an interruption into)
     return record, (f"the baseline did not pass, so the run was undone: back on {previous}, "
                     f"branch {branch} deleted, the attempt's record in {archive}")
+
+
+def _make_run(s: Session, previous: str, seed: int | None) -> None:
+    """The run's branch, its base ref and its state, all or none: a failure or a Ctrl-C
+    before the state is saved puts the user back on `previous`."""
+    branch = gitops.unique_branch(s.repo, f"cutile-perf-{s.spec.name}-{date.today():%Y%m%d}")
+    sha = gitops.head(s.repo)
+    base = f"{gitops.REF_PREFIX}/{branch}/base"
+    gitops.create_branch(s.repo, branch)
+    try:
+        crashpoint("branched")
+        gitops.set_ref(s.repo, base, sha)  # reserves the name
+        s.begin(State(kernel=s.spec.name, folder=s.folder_rel, branch=branch,
+                      base_commit=sha, incumbent=sha, judge=s.spec.judge_rel,
+                      judge_sha256=sha256_file(s.spec.judge), manifest=s.spec.manifest_text,
+                      perfloop_sha256=pins.perfloop_digest(),
+                      rules=s.playbook.rules_dict(), workload_seed=seed))
+    except BaseException:
+        s.forget_state()
+        s.state_path.unlink(missing_ok=True)
+        gitops.switch_back(s.repo, previous, branch)
+        gitops.delete_ref(s.repo, base)
+        raise
 
 
 def prepare_step(s: Session, kind: Kind) -> None:
@@ -105,6 +143,7 @@ def prepare_step(s: Session, kind: Kind) -> None:
         raise UserError(f"iteration {s.state.in_flight['iteration']} of '{s.spec.name}' was "
                         "interrupted; finish it with `perfloop run --resume` or "
                         "`perfloop step --resume`")
+    s.preflight(s.state.incumbent)
     s.require_on_branch()
     s.require_at_incumbent()
     s.require_no_outside_changes()
@@ -137,6 +176,7 @@ def require_no_edits_before_steps(s: Session) -> None:
 
 def resume(s: Session) -> records.Experiment | None:
     """Make an interrupted run consistent and redo the interrupted experiment, if any."""
+    s.preflight(s.state.incumbent)
     s.require_on_branch()
     s.require_no_outside_changes()
     s.require_pinned()
@@ -146,7 +186,9 @@ def resume(s: Session) -> records.Experiment | None:
     if s.state.interrupted:
         s.state.interrupted = None
         s.save_state()
-    record = experiment.run(s, redo) if redo else None
+    if not redo:
+        return None  # a recorded stop stays as it was recorded
+    record = experiment.run(s, redo)
     planning.settle(s)
     return record
 
@@ -174,11 +216,8 @@ def run(s: Session, report: Callable[[records.Experiment], None],
             done += 1
     except KeyboardInterrupt:
         recovery.recover(s)  # sets the half-done experiment aside; resume redoes it
-        s.state.interrupted = Stop(StopReason.INTERRUPTED,
-                                   f"interrupted at {time.strftime('%H:%M:%S')}")
-        s.save_state()
-        raise
+        raise  # (the caller's interruptible() writes the interruption)
     finally:
-        s.discard_ahead()  # started for an experiment that will not come
+        ahead.discard(s)  # started for an experiment that will not come
     confirm.ensure(s)
     return s.state.stop

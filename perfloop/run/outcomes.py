@@ -4,7 +4,7 @@ and its timer reported, and voided where a process imported files the run did no
 from __future__ import annotations
 
 from perfloop.core.vocab import CONTROL, INCUMBENT, Kind, Outcome
-from perfloop.measure import phases
+from perfloop.measure import judge, phases
 from perfloop.store import gitops, pins
 from perfloop.store.session import Session
 
@@ -19,15 +19,18 @@ def void_if_foreign(s: Session, outcome: dict, imported: set, allowed: list, why
             outcome[label] = (Outcome.FAIL, why.format(gitops.listing(foreign)))
 
 
-def judged_outcome(label: str, judged: phases.JudgeResult) -> tuple[str, str]:
+def judged_outcome(label: str, judged: judge.JudgeResult) -> tuple[str, str]:
     if label in judged.crashed:
         return Outcome.CRASH, judged.crashed[label]
     if label in judged.doubted:
         return Outcome.FAIL, f"correctness failed: {judged.doubted[label]}"
     if not judged.passed.get(label):
-        failed = [c["case"] for c in judged.cases.get(label, []) if not c["passed"]]
+        failed = [c for c in judged.cases.get(label, []) if not c["passed"]]
+        said = [c["case"] for c in failed[:3]]
+        if failed and failed[0].get("error"):
+            said[0] += f": {failed[0]['error']}"
         return Outcome.FAIL, ("correctness failed" + (
-            f" ({', '.join(failed[:3])})" if failed else " (no case was reported as passed)"))
+            f" ({', '.join(said)})" if failed else " (no case was reported as passed)"))
     return Outcome.OK, ""
 
 

@@ -28,13 +28,15 @@ def timed(trial):
         t = time.monotonic()
         phases.wait_warmers(phases.start_warmers(
             variants[1:], [head.as_dict()], processes=processes,
-            contract=contract_dir, work=work, cwd=s.root, env=env),
+            contract=contract_dir, work=work, cwd=s.root, env=env,
+            confinement=s.confinement(), cache=s.sandbox / "cache"),
             min(deadline, time.monotonic() + rules.stall_timeout_s))
         trial.phase_s["screen_compile"] = phases.elapsed(t)
     timing = phases.time_variants(
         [variants[0], dict(variants[0], label=CONTROL)] + variants[1:], [head.as_dict()], quick,
         deadline=deadline, cliffs=True, contract=contract_dir, tolerance=s.spec.tolerance,
-        headline=head.name, ceilings_cache=s.ceilings_cache, work=work, cwd=s.root, env=env)
+        headline=head.name, ceilings_cache=s.ceilings_cache, work=work, cwd=s.root, env=env,
+        confinement=s.confinement(), cache=s.sandbox / "cache")
     return timing
 
 

@@ -3,10 +3,19 @@
 Every experiment is a commit on the run's branch and gets a ref under refs/perfloop/, so its
 code stays reachable after a revert. perfloop stages and restores only the kernel's folder:
 whatever else the user has in the working tree or the index is left exactly as it was.
+
+Two properties hold for every git command perfloop runs (see _Repo):
+- no repository hook runs (kernel code can write .git/hooks/ in an experiment; the next
+  commit must not run what it planted);
+- GitPython's long-lived helpers (`git cat-file --batch`) live in a session of their own, so
+  a Ctrl-C, which the terminal sends to perfloop's whole process group, never kills them
+  under the clean-up that needs them. One-off git commands stay in the group: they end with
+  perfloop, and git removes its own lock files when interrupted.
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import shutil
@@ -14,17 +23,67 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-import git
+# without git on PATH, importing GitPython would fail with a traceback; quiet, the first git
+# command fails instead, and _Git says so in one line
+os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
+import git  # noqa: E402
 
-from perfloop.core.errors import UserError
+from perfloop.core.errors import EnvironmentFailure, UserError  # noqa: E402
+from perfloop.core import spawn
 from perfloop.core.faults import crashpoint
 
 REF_PREFIX = "refs/perfloop"
+NO_HOOKS = "core.hooksPath=/dev/null"   # hooks are looked up in a folder that cannot hold any
+# what git says when the machine, not the experiment, failed it
+MACHINE_FAILURES = (".lock': File exists", "Unable to create", "cannot lock ref",
+                    "No space left on device", "Read-only file system", "Permission denied",
+                    "Disk quota exceeded")
+
+
+def writes(fn):
+    """A git operation that writes: the machine's refusal (a lock another git holds, no space,
+    read-only files) becomes one line naming it, not a traceback."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except git.GitCommandError as exc:
+            said = " ".join(str(exc.stderr or "").split()).strip("' ")
+            if not any(failure in said for failure in MACHINE_FAILURES):
+                raise
+            raise EnvironmentFailure(
+                f"git failed ({said[:240]}): another git command may hold that lock, or the "
+                "repository's filesystem is full or read-only; fix that, then `perfloop run "
+                "--resume` runs the unrecorded experiment again", during=True) from None
+    return wrapper
+
+
+class _Git(git.Git):
+    def execute(self, command, *args, **kwargs):
+        helper = kwargs.get("as_process")  # it outlives this call (cat-file --batch)
+        if helper:
+            kwargs.setdefault("start_new_session", True)
+        try:
+            started = super().execute(command, *args, **kwargs)
+            if helper:  # (its own session: kill_strays must know it is ours)
+                spawn.own_helper(started.proc.pid)
+            return started
+        except git.GitCommandNotFound:
+            raise EnvironmentFailure("git was not found: perfloop records every experiment as "
+                                     "a git commit; install git or put it on PATH") from None
+
+
+class _Repo(git.Repo):
+    GitCommandWrapperType = _Git
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.git.set_persistent_git_options(c=NO_HOOKS)
 
 
 def find_repo(path: Path) -> git.Repo:
     try:
-        repo = git.Repo(path, search_parent_directories=True)
+        repo = _Repo(path, search_parent_directories=True)
     except (git.InvalidGitRepositoryError, git.NoSuchPathError):
         raise UserError(f"{path} is not inside a git repository; perfloop records every "
                         "experiment as a commit, so the kernel must live in one") from None
@@ -45,7 +104,7 @@ def open_repo(path: Path) -> git.Repo:
 def cwd_root() -> Path | None:
     """The repository the user is in, if any: where kernel names are looked up first."""
     try:
-        return root(git.Repo(Path.cwd(), search_parent_directories=True))
+        return root(_Repo(Path.cwd(), search_parent_directories=True))
     except (git.InvalidGitRepositoryError, git.NoSuchPathError):
         return None
 
@@ -123,10 +182,12 @@ def unique_branch(repo: git.Repo, base: str) -> str:
     return name
 
 
+@writes
 def create_branch(repo: git.Repo, name: str) -> None:
     repo.create_head(name, repo.head.commit).checkout()
 
 
+@writes
 def switch_back(repo: git.Repo, previous: str, created: str) -> None:
     """Undo create_branch: back on `previous`, and `created` deleted (it holds no commit that
     `previous` lacks, or the caller would not call this)."""
@@ -135,10 +196,28 @@ def switch_back(repo: git.Repo, previous: str, created: str) -> None:
 
 
 def commit_exists(repo: git.Repo, sha: str) -> bool:
-    try:
-        return repo.commit(sha).hexsha == sha
-    except (ValueError, git.BadName, git.GitCommandError):
+    """`sha` is the full name of a commit in this repository (not a branch, not a prefix)."""
+    if not isinstance(sha, str) or len(sha) != 40 or sha.strip("0123456789abcdef"):
         return False
+    try:
+        return repo.git.rev_parse("--verify", "--quiet", f"{sha}^{{commit}}") == sha
+    except git.GitCommandError:
+        return False
+
+
+def git_path(repo: git.Repo, name: str) -> Path:
+    """Where git keeps `name` for this working tree (`git rev-parse --git-path`): a linked
+    worktree's index and HEAD are its own, its info/exclude is the main repository's."""
+    found = Path(repo.git.rev_parse("--git-path", name))
+    return found if found.is_absolute() else Path(repo.working_tree_dir) / found
+
+
+def valid_branch_name(repo: git.Repo, name: str) -> bool:
+    try:
+        repo.git.check_ref_format(f"refs/heads/{name}")
+    except git.GitCommandError:
+        return False
+    return True
 
 
 def parent_and_message(repo: git.Repo, sha: str) -> tuple[str | None, str]:
@@ -192,26 +271,35 @@ def _identity_env(repo: git.Repo) -> dict:
     return env
 
 
+@writes
 def commit_folder(repo: git.Repo, folder_rel: str, message: str) -> str:
     """Commit the folder's changes only, whatever else is staged or modified."""
     repo.git.add("-A", "--", folder_rel)
     env = {**os.environ, **_identity_env(repo)}
-    repo.git.commit("--no-verify", "-m", message, "--", folder_rel, env=env)
+    repo.git.commit("--no-verify", "-m", message, "--", folder_rel, env=env)  # (and no hook)
     sha = head(repo)
     crashpoint("committed")  # a kill right after a commit, before anyone recorded it
     return sha
 
 
+@writes
 def set_ref(repo: git.Repo, name: str, sha: str) -> None:
     repo.git.update_ref(name, sha)
 
 
+@writes
+def delete_ref(repo: git.Repo, name: str) -> None:
+    repo.git.update_ref("-d", name)
+
+
+@writes
 def move_branch_to(repo: git.Repo, sha: str, folder_rel: str) -> None:
     """Point the current branch at `sha` and make the folder match it; nothing else changes."""
     repo.git.reset("--soft", sha)
     repo.git.restore(f"--source={sha}", "--staged", "--worktree", "--", folder_rel)
 
 
+@writes
 def restore_folder(repo: git.Repo, sha: str, folder_rel: str) -> None:
     repo.git.restore(f"--source={sha}", "--staged", "--worktree", "--", folder_rel)
 

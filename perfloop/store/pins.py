@@ -93,3 +93,15 @@ def unpinned_imports(repo: git.Repo, root: Path, imported: list[str], base: str,
             continue
         files.append(path)
     return changed_files(repo, root, files, base)
+
+
+def perfloop_digest() -> str:
+    """The digest of perfloop's own source files as installed: what a run pins when it starts,
+    so that code which rewrote them (where no sandbox stopped it) is noticed."""
+    import hashlib
+
+    package = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        h.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()

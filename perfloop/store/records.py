@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 from perfloop.core.atomic import dumps, write_text
 from perfloop.core.errors import CorruptRecord
 from perfloop.core.vocab import Correctness, Kind, Status
+from perfloop.store import preflight
 
 SCHEMA = 1
 CONFIRMATION = Kind.CONFIRMATION
@@ -184,6 +185,10 @@ def load(path: Path) -> list[Record]:
 
 
 def append(path: Path, record: Record) -> None:
+    """Append one line (the point of no return of an experiment). A crash is not written
+    while the machine lacks room beside the record: the candidate may have died of that."""
+    if isinstance(record, Experiment) and record.status == Status.CRASH:
+        preflight.require_room_for_a_crash(path.parent)
     existing = path.read_text(encoding="utf-8") if path.exists() else ""
     write_text(path, existing + dumps(record.to_dict(), sort_keys=True) + "\n")
 

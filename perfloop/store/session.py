@@ -6,15 +6,17 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import sys
 import time
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from perfloop.core import kernel, manifest, playbook
+from perfloop.core import kernel, manifest, naming, playbook
 from perfloop.core.atomic import write_json
-from perfloop.core.errors import NeedsGPU, UserError
-from perfloop.core.vocab import Stop, StopReason
-from perfloop.store import gitops, pins, records, table
+from perfloop.core.errors import CorruptRecord, EnvironmentFailure, NeedsGPU, UserError
+from perfloop.core.vocab import Kind, Stop, StopReason
+from perfloop.store import gitops, lock, pins, preflight, records, table
 
 STATE_SCHEMA = 3
 # Schema 2 kept a stop as its words alone; it loads unchanged, each stop's reason read from the
@@ -27,6 +29,13 @@ LEGACY_STOP_WORDS = (
     (StopReason.NOTHING_LEFT, "nothing left to try"),
     (StopReason.BASELINE_FAILED, "the baseline did not pass ("),
 )
+NAME_MAX_BYTES = 100   # the run's branch, cutile-perf-<name>-<date>, and its refs must fit
+# what recovery reads of an in-flight marker: key -> (types, required)
+FLIGHT_KEYS = {"iteration": ((int,), True), "kind": ((str,), True), "tag": ((str,), False),
+               "optimization": ((str,), False), "values": ((list,), False),
+               "describe": ((str, type(None)), False), "sampler": ((dict, type(None)), False),
+               "commit": ((str, type(None)), False), "message": ((str, type(None)), False),
+               "knobs_sha256": ((str, type(None)), False)}
 
 
 @dataclass
@@ -39,6 +48,7 @@ class State:
     judge: str = ""           # pinned: the judge's path, relative to the repository root
     judge_sha256: str = ""    # pinned: the judge's content
     manifest: str = ""        # pinned: kernel.toml as committed at base_commit
+    perfloop_sha256: str = "" # pinned: perfloop's own source files (pins.perfloop_digest)
     rules: dict = field(default_factory=dict)   # pinned: the playbook's rules.toml values
     kernel_class: str = ""
     intensity: float | None = None
@@ -47,6 +57,7 @@ class State:
     interrupted: Stop | None = None   # set by Ctrl-C; `run --resume` goes on
     in_flight: dict | None = None
     started_at: float = field(default_factory=time.time)
+    workload_seed: int | None = None  # held-out shapes are drawn with it (perfloop.core.workload)
     schema: int = STATE_SCHEMA
 
     def to_dict(self) -> dict:
@@ -85,7 +96,27 @@ class State:
             stop = None
         if interrupted is not None:
             interrupted = Stop(StopReason.INTERRUPTED, interrupted)
+        check_flight(raw.get("in_flight"))
         return cls(**raw, stop=stop, interrupted=interrupted)
+
+
+def check_flight(flight) -> None:
+    """An in-flight marker recovery can read, or ValueError saying what is wrong with it."""
+    if flight is None:
+        return
+    if not isinstance(flight, dict):
+        raise ValueError("'in_flight' is not an object")
+    for key, (types, required) in FLIGHT_KEYS.items():
+        if key not in flight:
+            if required:
+                raise ValueError(f"'in_flight' has no '{key}'")
+        elif not isinstance(flight[key], types) or isinstance(flight[key], bool):
+            raise ValueError(f"'in_flight.{key}' has the wrong type")
+    if flight["kind"] not in (Kind.BASELINE, Kind.PLAYBOOK, Kind.AGENT):
+        raise ValueError(f"'in_flight.kind' {flight['kind']!r} is not an experiment's kind")
+    if flight["kind"] == Kind.PLAYBOOK and not all(k in flight for k in ("optimization",
+                                                                         "values")):
+        raise ValueError("'in_flight' of a playbook step needs 'optimization' and 'values'")
 
 
 def legacy_stop(words: str) -> Stop:
@@ -121,6 +152,7 @@ class Session:
         # the committed manifest: an uncommitted edit to it never changes what a run measures
         committed = gitops.file_at(self.repo, "HEAD", f"{self.folder_rel}/{kernel.MANIFEST}")
         self.spec = manifest.load_spec(folder, self.root, committed)
+        self._require_usable_name(self.spec.name)
         self.playbook_dir = playbook.resolve_dir(playbook_dir, self.root)
         self.playbook = playbook.load(self.playbook_dir)
         self.sandbox = self.root / "sandbox" / self.spec.name
@@ -130,35 +162,63 @@ class Session:
         self.work = self.sandbox / "work"
         self.ceilings_cache = self.root / "sandbox" / "device_ceilings.json"
         self._state: State | None = None
-        self.judges = None          # judge processes started ahead (phases.JudgePool)
+        self.judges = None          # judge processes started ahead (judge.JudgePool)
         self.timer = None           # a timing worker started ahead (phases.start_timer_ahead)
         self.ahead = False          # set by a caller that runs experiments one after another
+        self.locked = False         # this process holds the kernel's lock (Session.lock)
 
-    # ---- children started ahead ---------------------------------------------------------------
-    def start_ahead(self) -> None:
-        """Start the next experiment's judge processes and timing worker now, when the caller
-        runs several experiments and the rules want them (GPU kernels only: a CPU kernel's
-        clock would feel them starting). They import, then wait for their task."""
-        rules = self.playbook.rules  # (the run's pinned rules, once it has a state)
-        if not (self.ahead and rules.start_ahead and self.spec.requires_gpu):
-            return
-        from perfloop.measure import phases
+    def _require_usable_name(self, name: str) -> None:
+        """The kernel's name names its sandbox folder, its lock and its run's branch."""
+        if len(name.encode()) > NAME_MAX_BYTES or not gitops.valid_branch_name(
+                self.repo, f"cutile-perf-{name}-20000101") or name.startswith("."):
+            shown = name if len(name) <= 60 else name[:57] + "..."
+            raise UserError(f"the kernel name '{shown}' cannot name a git branch and a folder "
+                            f"(the run's branch is cutile-perf-<name>-<date>): use at most "
+                            f"{NAME_MAX_BYTES} letters, digits, '-', '_' or '.', without ~^:?*[ "
+                            "or spaces, in kernel.toml's name (or the folder's name)")
 
-        env = phases.child_env(self.playbook_dir)
-        if self.judges is None:
-            self.judges = phases.start_judges(
-                self.root / self.spec.judge_rel, cwd=self.root, work=self.work / "ahead",
-                env=env, processes=rules.judge_processes)
-        if self.timer is None:
-            self.timer = phases.start_timer_ahead(cwd=self.root, work=self.work / "ahead",
-                                                  env=env)
+    # ---- one writer at a time ------------------------------------------------------------
+    @contextmanager
+    def lock(self, git: bool = True):
+        """This kernel's lock (its sandbox files), and with `git` the working tree's (its
+        branch, index and refs), for a command that writes; Busy names the holder."""
+        kernel_lock = self.root / "sandbox" / ".locks" / f"{self.spec.name}.lock"
+        tree_lock = gitops.git_path(self.repo, "perfloop.lock") if git else None
+        with lock.hold(kernel_lock, f"kernel '{self.spec.name}'"), \
+                (lock.hold(tree_lock, f"the working tree {self.root} (its branch and index)")
+                 if git else nullcontext()):
+            self.ensure_sandbox_ignored()  # (the lock's file is in sandbox/ too)
+            self.locked = True
+            try:
+                yield
+            finally:
+                self.locked = False
 
-    def discard_ahead(self) -> None:
-        if self.judges is not None:
-            self.judges.discard()
-        if self.timer is not None:
-            self.timer[1].kill()
-        self.judges = self.timer = None
+    def preflight(self, commit: str) -> None:
+        """Before an experiment: the environment can hold it, and the kernel module committed
+        at `commit` compiles (see perfloop.store.preflight)."""
+        preflight.require_no_index_lock(gitops.git_path(self.repo, "index.lock"))
+        git_dir, objects = Path(self.repo.git_dir), gitops.git_path(self.repo, "objects")
+        knobs = self.spec.folder / kernel.KNOBS
+        preflight.require_writable({
+            self.root / "sandbox": "the run's record and each experiment's files",
+            self.sandbox: "the run's record and each experiment's files",
+            self.spec.folder: "the knobs of each experiment",
+            knobs if knobs.exists() else self.spec.folder: "the knobs of each experiment",
+            git_dir: "the index and the refs of each experiment's commit",
+            objects: "each experiment's commit"})
+        preflight.require_room([self.root / "sandbox", self.spec.folder, objects])
+        rel = f"{self.folder_rel}/{kernel.MODULE}"
+        preflight.require_compiles(gitops.file_at(self.repo, commit, rel),
+                                   f"{rel} at {commit[:12]}")
+
+    # ---- children ------------------------------------------------------------------------
+    def confinement(self):
+        """How this run's children that run kernel code are confined (perfloop.core.sandbox)."""
+        from perfloop.core.sandbox import confinement_for
+
+        return confinement_for(self.playbook.rules.confine, self.spec.folder,
+                               self.root / self.spec.judge_rel, self.work)
 
     # ---- state and records -------------------------------------------------------------
     @property
@@ -182,13 +242,22 @@ class Session:
     def require_run(self) -> State:
         return self.state
 
+    def has_state(self) -> bool:
+        """A run's state is loaded in this session (it may be ahead of state.json)."""
+        return self._state is not None
+
+    def forget_state(self) -> None:
+        self._state = None
+
     def begin(self, state: State) -> None:
         """A new run: its state becomes this session's and is saved."""
         self.sandbox.mkdir(parents=True, exist_ok=True)
         self._adopt(state)
         self.save_state()
 
-    def load_state(self) -> State | None:
+    def load_state(self, strict: bool = True) -> State | None:
+        """The saved state, checked against the repository and the record (not the record's
+        iterations without `strict`: --new sets such a run aside whole)."""
         if not self.state_path.exists():
             return None
         try:
@@ -205,17 +274,46 @@ class Session:
             if not gitops.commit_exists(self.repo, sha):
                 raise UserError(f"{self.state_path} names {name} {sha[:12]}, which is not a "
                                 "commit in this repository; restore the file or move it aside")
-        self._check_record(state)
+        self._check_record(strict)
         return state
 
-    def _check_record(self, state: State) -> None:
-        """The table and the record must agree (one row per experiment; a row may lag its
-        record by one after a kill, which recovery completes)."""
+    def _check_record(self, strict: bool) -> None:
+        """The record holds iterations 0, 1, ... once each, and the table (derived from it)
+        has their rows; a row may lag its record by one after a kill, which recovery
+        completes. A table that lost or garbled rows is rewritten from the record by a writer
+        (readers answer from the record); one with rows the record lacks is refused: the
+        record may have lost them. --new sets either aside (not `strict`)."""
+        if not strict:
+            return
         recs, rows = self.records(), table.read_rows(self.table_path)
-        if len(rows) > len(recs) or len(rows) < len(recs) - 1:
+        numbers = [r.iteration for r in recs]
+        if numbers != list(range(len(recs))):
+            raise CorruptRecord(f"{self.records_path} does not hold iterations 0 to "
+                                f"{len(recs) - 1} once each, in order ({numbers[:8]}); "
+                                "restore it, or set the run aside with --new")
+        if len(rows) > len(recs):
             raise UserError(f"{self.table_path} has {len(rows)} rows but {self.records_path} "
                             f"has {len(recs)} experiments; one of them was edited or truncated "
                             "by hand: restore it, or move the run aside with --new")
+        if len(recs) - len(rows) in (0, 1) and all(
+                row[:1] == [str(r.iteration)] and row[-1:] == [r.status.value]
+                for row, r in zip(rows, recs)):
+            return
+        if self.locked:
+            self._rewrite_table(recs, len(rows))
+
+    def _rewrite_table(self, recs: list[records.Experiment], had: int) -> None:
+        """The table from the record; the old one is kept beside it."""
+        kept = None
+        if self.table_path.exists():
+            kept = self.table_path.with_name(f"perf_results.replaced-{int(time.time())}.md")
+            self.table_path.rename(kept)
+        table.rewrite(self.table_path, [
+            table.format_row(r.iteration, naming.experiment(r), r.latency_ms, r.correctness,
+                             r.status) for r in recs])
+        print(f"perfloop: {self.table_path} had {had} rows for {len(recs)} experiments; "
+              "rewritten from the record" + (f" (the old table is {kept.name})" if kept else ""),
+              file=sys.stderr)
 
     def save_state(self) -> None:
         write_json(self.state_path, self.state.to_dict())
@@ -232,10 +330,15 @@ class Session:
         """Keep sandbox/ out of git without touching a tracked file (.git/info/exclude)."""
         probe = "sandbox/" + self.spec.name + "/perf_results.md"
         if not self.repo.ignored(probe):
-            exclude = Path(self.repo.git_dir) / "info" / "exclude"
-            exclude.parent.mkdir(parents=True, exist_ok=True)
-            with open(exclude, "a", encoding="utf-8") as f:
-                f.write("\n/sandbox/\n")
+            exclude = gitops.git_path(self.repo, "info/exclude")  # (a linked worktree's too)
+            try:
+                exclude.parent.mkdir(parents=True, exist_ok=True)
+                with open(exclude, "a", encoding="utf-8") as f:
+                    f.write("\n/sandbox/\n")
+            except OSError as exc:
+                raise EnvironmentFailure(f"cannot write {exclude} ({exc.strerror}), where "
+                                         "perfloop keeps sandbox/ out of git: make it "
+                                         "writable, then run the command again") from None
 
     def changes_outside_folder(self) -> list[str]:
         return [p for p in gitops.status_paths(self.repo)
@@ -268,10 +371,20 @@ class Session:
                             f"{self.state.incumbent[:12]}; perfloop will not guess which "
                             "commit to compare against")
 
+    def perfloop_changed(self) -> bool:
+        """Whether perfloop's own source files differ from those pinned when the run started."""
+        pinned = self.state.perfloop_sha256
+        return bool(pinned) and pins.perfloop_digest() != pinned
+
     def require_pinned(self) -> None:
-        """The judge, the manifest, the rules and what the judge imports are as pinned when
-        the run started; otherwise nothing is run, and the line names the file."""
+        """The judge, the manifest, the rules, what the judge imports and perfloop itself are
+        as pinned when the run started; otherwise nothing is run, and the line names the file."""
         st = self.state
+        if self.perfloop_changed():
+            raise UserError("refused: perfloop's own source files changed since the run started "
+                            f"({Path(pins.__file__).resolve().parents[1]}); reinstall perfloop, "
+                            "then start a new run with --new: results since the change are not "
+                            "to be trusted")
         manifest = f"{self.folder_rel}/{kernel.MANIFEST}"
         if (self.spec.folder / kernel.MANIFEST).read_text(encoding="utf-8") != st.manifest:
             raise UserError(f"refused: {manifest} is pinned for this run (judge, shapes, "

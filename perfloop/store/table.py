@@ -1,5 +1,5 @@
 """sandbox/<kernel>/perf_results.md: seed 002's five-column table, one row per iteration,
-appended and never rewritten."""
+appended and never rewritten (except whole, from the record, when it no longer matches it)."""
 
 from __future__ import annotations
 
@@ -35,3 +35,8 @@ def append_row(path: Path, row: str) -> None:
     existing = path.read_text(encoding="utf-8") if path.exists() else HEADER
     write_text(path, existing + row)
 
+
+
+def rewrite(path: Path, rows: list[str]) -> None:
+    """The whole table from its rows (the record's), atomically."""
+    write_text(path, HEADER + "".join(rows))

@@ -5,12 +5,14 @@ import random
 from pathlib import Path
 
 import pytest
+import torch
 
-from perfloop.correctness import log_case, module_for, requested_variants
+from perfloop.correctness import check, module_for, requested_variants
 from perfloop.playbook import freeze
 
 HERE = Path(__file__).resolve().parent
 DEFAULT = [{"label": "committed", "folder": str(HERE.parent / "kernels" / "scripted"), "knobs": {}}]
+EXACT = {"rtol": 0.0, "atol": 0.0, "max_rel_err": 0.0}
 
 
 @pytest.mark.parametrize("variant", requested_variants() or DEFAULT, ids=lambda v: v["label"])
@@ -18,9 +20,12 @@ DEFAULT = [{"label": "committed", "folder": str(HERE.parent / "kernels" / "scrip
 def test_doubles(variant, n):
     module = module_for(variant["folder"])
     launch = module.build({k: freeze(v) for k, v in variant["knobs"].items()})
-    values = [float(random.Random(n).randrange(-50, 50)) for _ in range(n)]
-    out = [float("nan")] * n
-    launch(("case", values), out)
-    passed = out == [2 * v for v in values]
-    log_case(variant["label"], f"n={n}", passed)
-    assert passed
+    rng = random.Random(n)
+    values = torch.tensor([float(rng.randrange(-50, 50)) for _ in range(n)], dtype=torch.float64)
+
+    def run():
+        out = torch.full((n,), float("nan"), dtype=torch.float64)
+        launch(("case", values), out)
+        return out
+
+    check(variant["label"], f"n={n}", run, 2 * values, **EXACT)

@@ -1,4 +1,8 @@
-"""A test-only kernel: it doubles a list, and its 'latency' is scripted in script.json.
+"""A test-only kernel: it doubles a vector (a CPU tensor), and its latency is scripted in
+script.json: the trusted timer takes each launch's time from simulated_ms (the script, by the
+variant's knobs), never from what the launch does. With SCRIPTED_REAL_CLOCK=1 in the
+environment there is no simulated_ms: each launch sleeps for its scripted time instead and the
+timer's wall clock measures it (for the tests of what a kernel can do to a clock).
 
 The knob "mode" makes it misbehave, the way a buggy kernel or an agent gaming the judge would.
 None of it depends on being told the phase (perfloop tells nobody); the faults key on what a
@@ -10,16 +14,25 @@ kernel can see for itself: how often a built launcher was called and how large i
   wrong-above-N    triples inputs longer than N (the judge's cases are at most 1000 long)
   skip-above-N     writes only the first half of inputs longer than N
   cache            computes once, then returns without writing
-  memo             remembers results by input content: repeated inputs cost a tenth
+  memo             remembers results by input content: repeated inputs cost a tenth (real
+                   clock) and are not computed again
   sniff            correct only when pytest is loaded (judged), wrong otherwise (timed)
-  tamper           replaces perfloop's batch timer with one that reports half the time
-  tamper-judge     replaces perfloop's output comparison with one that always passes
+  tamper           replaces perfloop's clock functions in its process with ones that report
+                   half the time
+  tamper-judge     triples, and replaces perfloop's output comparison with one that always passes
   env              writes its environment to $SCRIPTED_ENV_DUMP/<pid>.json, then doubles
   compile-error    raises when built, as a kernel that fails to compile does
   exit-at-N        ends the process with status 0 (os._exit) when given exactly N values: a
                    size the judge has and the timer has not, so its later cases never run
   skip-at-N        calls pytest.skip when given exactly N values and pytest is loaded (judged)
   stop-at-N        calls pytest.exit(returncode=0) there: pytest ends its session cleanly
+  forge-torch      triples, and makes torch's `2 * x` triple in its process (the judge's and
+                   the timer's references, were they computed beside it)
+  forge-judge      triples, but delivers doubled outputs to the judge (its kernel pass)
+  daemon           doubles, and leaves a daemon (its own session) that, two seconds later,
+                   writes to the run's record, table, state, git refs and hooks
+  plant            doubles, and writes a git post-commit hook and into perfloop's own source
+  outside          imports a module from $SCRIPTED_OUTSIDE, outside the repository
 Calls dispatch per bucket (perfloop.dispatch): "big" for inputs of 600 values or more.
 SCRIPTED_DELAY_S slows every launch down, so a test can interrupt a timing in progress.
 """
@@ -34,6 +47,8 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
 from perfloop import dispatch
 
 DEVICE = "cpu"
@@ -42,21 +57,6 @@ SCRIPT = json.loads((Path(__file__).parent / "script.json").read_text())
 
 def _freeze(v):
     return tuple(_freeze(x) for x in v) if isinstance(v, list) else v
-
-
-class Clock:
-    """The launch returns its scripted latency; the clock reports it."""
-
-    def time_batch(self, fn, reps, before=None):
-        out = []
-        for i in range(reps):
-            if before is not None:
-                before(i)
-            out.append(fn())
-        return out
-
-    def describe(self):
-        return {"clock": "scripted"}
 
 
 def latency(knobs: dict, shape: str, n: int) -> float:
@@ -75,6 +75,13 @@ def bucket(inputs) -> str:
     return "big" if len(inputs[1]) >= 600 else "small"
 
 
+REAL_CLOCK = os.environ.get("SCRIPTED_REAL_CLOCK") == "1"
+if not REAL_CLOCK:
+    def simulated_ms(knobs: dict, shape, n: int) -> float:
+        """The scripted time of one launch with these knobs (the timer's, never the launch's)."""
+        return latency(knobs, shape.name, n)
+
+
 def build(knobs: dict):
     return dispatch.build(knobs, _build_one, bucket)
 
@@ -88,10 +95,26 @@ def _build_one(knobs: dict):
     seen: set = set()
     if mode == "tamper-judge" and "perfloop.core.outputs" in sys.modules:
         sys.modules["perfloop.core.outputs"].compare = lambda *args, **kw: {"passed": True}
-    if mode == "tamper" and "perfloop.child.clock" in sys.modules:
-        m = sys.modules["perfloop.child.clock"]
-        real = m._batch
-        m._batch = lambda *args, **kw: [t / 2 for t in real(*args, **kw)]
+    if mode == "tamper":  # whatever clock is in this process reports half the time
+        real = time.perf_counter
+        start = real()
+        time.perf_counter = lambda: start + (real() - start) / 2
+        time.thread_time = lambda: 0.0
+    if mode == "forge-torch":  # 2 * x is what the judge and the reference compute
+        torch.Tensor.__rmul__ = lambda self, other: torch.mul(self, 3 if other == 2 else other)
+    api = sys.modules.get("perfloop.core.judge_api")
+    if mode == "forge-judge" and api is not None and not hasattr(api, "_forged"):
+        real_deliver = api._deliver
+        api._forged = True
+        api._deliver = lambda label, case, out, error: real_deliver(
+            label, case, None if out is None else out / 3 * 2, error)
+    if mode == "daemon":
+        _daemon()
+    if mode == "plant":
+        _plant()
+    if mode == "outside":
+        sys.path.insert(0, os.environ["SCRIPTED_OUTSIDE"])
+        __import__("outside_helper")
     if mode == "env" and os.environ.get("SCRIPTED_ENV_DUMP"):
         dump = Path(os.environ["SCRIPTED_ENV_DUMP"]) / f"{os.getpid()}.json"
         dump.write_text(json.dumps(dict(os.environ), sort_keys=True))
@@ -113,37 +136,77 @@ def _build_one(knobs: dict):
         if _threshold(mode, "stop-at-") == len(values) and "pytest" in sys.modules:
             sys.modules["pytest"].exit("done", returncode=0)
         factor = 2
-        if mode == "wrong" or mode == "sniff" and "pytest" not in sys.modules:
+        if mode in ("wrong", "tamper-judge", "forge-torch", "forge-judge") or (
+                mode == "sniff" and "pytest" not in sys.modules):
             factor = 3
         wrong_above, skip_above = _threshold(mode, "wrong-above-"), _threshold(mode, "skip-above-")
         if wrong_above is not None and len(values) > wrong_above:
             factor = 3
         ms = latency(knobs, shape, calls)
         if mode == "cache" and calls > 0:
-            return ms * 0.5
+            return _sleep(ms * 0.5)
         if mode == "memo":
-            key = tuple(values)
+            key = values.numpy().tobytes()
             if key in seen:
-                return ms * 0.1
+                return _sleep(ms * 0.1)
             seen.add(key)
         written = len(values) // 2 if skip_above is not None and len(values) > skip_above else len(values)
-        out[:written] = [v * factor for v in values[:written]]
-        return ms
+        out[:written] = values[:written] * factor
+        _sleep(ms)
 
     return launch
 
 
+def _attempt(write) -> None:
+    try:
+        write()
+    except OSError:
+        pass
+
+
+def _plant() -> None:
+    """Writes where no kernel code may: a git hook, perfloop's own source."""
+    hook = Path(".git/hooks/post-commit")
+    _attempt(lambda: hook.write_text("#!/bin/sh\necho planted >> planted.txt\n"))
+    _attempt(lambda: hook.chmod(0o755))
+    import perfloop.core.outputs as target
+    _attempt(lambda: open(target.__file__, "a").write("\n# planted\n"))
+
+
+def _daemon() -> None:
+    """A process that leaves this one's session, outlives it, and rewrites the run's files."""
+    if os.fork() != 0:
+        return
+    os.setsid()
+    if os.fork() != 0:
+        os._exit(0)
+    time.sleep(2)
+    run = Path("sandbox/scripted")
+    for name in ("experiments.jsonl", "perf_results.md", "state.json"):
+        _attempt(lambda: open(run / name, "a").write("forged\n"))
+    _attempt(lambda: Path(".git/refs/heads/forged").write_text("0" * 40 + "\n"))
+    _plant()
+    os._exit(0)
+
+
+def _sleep(ms: float) -> None:
+    """The launch's scripted time, spent for real only under the real clock."""
+    if REAL_CLOCK:
+        time.sleep(ms / 1e3)
+
+
 def make_inputs(shape, seed, device):
     rng = random.Random(seed)
-    return (shape.name, [float(rng.randrange(-1000, 1000)) / 8 for _ in range(shape.dims[0])])
+    return (shape.name, torch.tensor([float(rng.randrange(-1000, 1000)) / 8
+                                      for _ in range(shape.dims[0])], dtype=torch.float64))
 
 
 def empty_output(inputs):
-    return [float("nan")] * len(inputs[1])
+    return torch.full_like(inputs[1], float("nan"))
 
 
 def reference(shape, values):
-    return [2 * v for v in values]
+    return 2 * values
 
 
 def traffic(shape):

@@ -11,9 +11,9 @@ import json
 import statistics
 from pathlib import Path
 
-from perfloop.child.clock import CudaClock
 from perfloop.core.atomic import write_json
 from perfloop.core.roofline import peak_tensor_tflops, unit_peaks_tflops
+from perfloop.referee.clock import CudaClock
 
 COPY_BYTES, MATMUL_N = 1 << 30, 8192
 def _median_ms(clock: CudaClock, fn, reps: int) -> float:

@@ -10,8 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from perfloop.child import judge_plugin
-from perfloop.core import hooks, outputs
+from perfloop.core import hooks, judging, outputs
 from perfloop.core.kernel import Shape, import_module
 from perfloop.core.playbook import freeze, read_toml
 
@@ -19,10 +18,10 @@ from perfloop.core.playbook import freeze, read_toml
 def requested_variants() -> list[dict] | None:
     """The variants the loop asked for: [{label, folder, knobs}] with knob lists as tuples (as
     build() takes them), or None outside the loop."""
-    if not judge_plugin.REQUEST:
+    if not judging.REQUEST:
         return None
     return [{**v, "knobs": {k: freeze(x) for k, x in v["knobs"].items()}}
-            for v in judge_plugin.REQUEST["variants"]]
+            for v in judging.REQUEST["variants"]]
 
 
 def extremes(values: list) -> list:
@@ -65,19 +64,39 @@ def default_variants(folder, combos: dict | None = None) -> list[dict]:
 _modules: dict[str, object] = {}
 
 
+class _StandIn:
+    """What module_for gives in the reference pass, where no kernel code may run: every
+    attribute is a function returning a launcher that does nothing. A judge computes its
+    expected values from its own inputs, never from the kernel module."""
+
+    def __getattr__(self, name):
+        def stand_in(*args, **kwargs):
+            return lambda *a, **k: None
+        return stand_in
+
+
 def module_for(folder: str):
     """One import per kernel folder per process; variants differ by knobs, not by module."""
+    if judging.MODE == judging.REFERENCE and not _is_contract_copy(folder):
+        return _StandIn()
     if folder not in _modules:
         _modules[folder] = import_module(Path(folder), f"judge{len(_modules)}")
     return _modules[folder]
 
 
+def _is_contract_copy(folder) -> bool:
+    """The run's pinned copy of the kernel (its tolerance hook is the contract's, read by the
+    reference pass too)."""
+    contract = (judging.REQUEST or {}).get("contract")
+    return bool(contract) and Path(folder).resolve() == Path(contract["copy"]).resolve()
+
+
 def tolerance(folder, dtype: str, *, dims=None, index: int = 0) -> dict:
-    """The tolerance the timing worker checks timed outputs with: with `dims` (this case's
-    shape), the kernel's own `tolerance(shape, index, dtype)` for its output `index` if
-    kernel.py has one and it answers; else kernel.toml's [tolerance.<dtype>], else perfloop's
-    default. Under the loop the hook is read from the run's pinned copy of the kernel (like the
-    worker's), so an experiment that edits it changes nothing."""
+    """The tolerance the timer checks timed outputs with: with `dims` (this case's shape), the
+    kernel's own `tolerance(shape, index, dtype)` for its output `index` if kernel.py has one
+    and it answers; else kernel.toml's [tolerance.<dtype>], else perfloop's default. Under the
+    loop the hook is read from the run's pinned copy of the kernel, so an experiment that
+    edits it changes nothing."""
     if dims is not None:
         module = module_for(_pinned(folder))
         hook = hooks.Hooks.of(module).tolerance
@@ -90,37 +109,79 @@ def tolerance(folder, dtype: str, *, dims=None, index: int = 0) -> dict:
 
 def _pinned(folder) -> str:
     """The run's base-commit copy of `folder` when the loop runs this judge, else `folder`."""
-    contract = (judge_plugin.REQUEST or {}).get("contract")
+    contract = (judging.REQUEST or {}).get("contract")
     if contract and Path(folder).resolve() == Path(contract["folder"]).resolve():
         return contract["copy"]
     return str(folder)
 
 
 def log_case(label: str, case: str, passed: bool, **detail) -> None:
-    """Tell the loop how one case of one variant went (a no-op outside the loop)."""
-    if judge_plugin.REQUEST:
-        with open(judge_plugin.REQUEST["log"], "a", encoding="utf-8") as f:
-            f.write(json.dumps({"label": label, "case": case, "passed": passed, **detail}) + "\n")
+    """Tell the loop how one case of one variant went (a no-op outside the kernel pass). Under
+    the loop a case logged as failed fails its variant; one logged as passed proves nothing by
+    itself (it was decided beside kernel code): only `check`'s outputs, compared by the
+    reference pass, make a variant pass."""
+    if judging.MODE == judging.KERNEL:
+        _log({"label": label, "case": case, "passed": bool(passed), **detail})
+
+
+def _log(entry: dict) -> None:
+    with open(judging.REQUEST["log"], "a", encoding="utf-8") as f:
+        f.write(json.dumps(entry) + "\n")
 
 
 def check(label: str, case: str, run, reference, *, rtol: float, atol: float,
           max_rel_err: float) -> None:
-    """Run `run()`, which must poison its output (NaN), launch, and return the output; compare
-    it with the float64 `reference`; log the case and fail the test on any mismatch."""
-    entry = {"passed": False}
+    """Run `run()`, which must poison its output (NaN), launch, and return the output, and
+    compare it with the float64 `reference` within the tolerance; fail the test on a mismatch.
+    Under the loop the kernel pass delivers the output and the reference pass the reference,
+    and the reference pass compares them."""
+    tol = {"rtol": rtol, "atol": atol, "max_rel_err": max_rel_err}
+    if judging.MODE == judging.REFERENCE:
+        key = (label, case)
+        if key not in judging.EXPECTED:
+            judging.ORDER.append(key)
+        judging.EXPECTED[key] = {"expected": plain(reference), "tolerance": tol}
+        return
     try:
         out = run()
         if getattr(out, "is_cuda", False):
             import torch
 
             torch.cuda.synchronize()
-        tol = {"rtol": rtol, "atol": atol, "max_rel_err": max_rel_err}
-        entry.update(outputs.compare(out, reference, {}, "", fixed=tol))
     except Exception as exc:
-        entry["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-        log_case(label, case, **entry)
+        error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        if judging.MODE == judging.KERNEL:
+            _deliver(label, case, None, error)
         raise
-    log_case(label, case, **entry)
+    if judging.MODE == judging.KERNEL:
+        _deliver(label, case, out, None)
+        return
+    entry = outputs.compare(out, reference, {}, "", fixed=tol)
     assert entry["passed"], (f"{label} {case}: {entry['non_finite']} non-finite elements, "
                              f"relative error {entry['rel_err']:.3e} (limit {max_rel_err:.1e}), "
                              f"{entry['outside_tolerance']} elements outside atol={atol} rtol={rtol}")
+
+
+def plain(x):
+    """A case's output or reference as data on the CPU: tensors (detached copies), lists,
+    tuples and numbers, what torch.save writes and torch.load(weights_only=True) reads."""
+    if hasattr(x, "detach") and hasattr(x, "cpu"):
+        return x.detach().cpu().clone()
+    if isinstance(x, (list, tuple)):
+        return type(x)(plain(v) for v in x)
+    return x
+
+
+_delivered = [0]
+
+
+def _deliver(label: str, case: str, out, error: str | None) -> None:
+    """Write one case's output where the reference pass reads it."""
+    import torch
+
+    _delivered[0] += 1
+    path = Path(judging.REQUEST["outputs"]) / f"{_delivered[0]:06d}.pt"
+    tmp = path.with_suffix(".tmp")
+    torch.save({"label": label, "case": case, "output": plain(out), "error": error}, tmp)
+    tmp.replace(path)
+    _log({"label": label, "case": case, "delivered": True, **({"error": error} if error else {})})

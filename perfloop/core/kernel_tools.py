@@ -1,0 +1,121 @@
+"""What every cuTile kernel.py repeats, in one place (public as `perfloop.kernel_tools`):
+kernel objects cached per set of hints, the launcher cached per set of knobs, the persistent
+grid, hint constants, the inputs' random draws, and ahead-of-time compilation.
+
+Imported by kernel code, so it runs in the judge's and the timer's children too: it imports
+nothing from perfloop, and torch and cuda.tile only when a function needs them.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import json
+from pathlib import Path
+from typing import Callable
+
+DEFAULT_DTYPES = ("bfloat16", "float16", "float32")
+TMA_CODE = {None: -1, False: 0, True: 1}   # an allow_tma knob as a compile-time constant
+
+
+def dtypes(names=DEFAULT_DTYPES) -> dict:
+    """{"bfloat16": torch.bfloat16, ...}: the torch dtypes kernel.toml's shapes name."""
+    import torch
+
+    return {name: getattr(torch, name) for name in names}
+
+
+def kernel_objects(function) -> Callable:
+    """kernel_object(occupancy=None, num_ctas=None): one ct.kernel of `function` per set of
+    hints (None: the compiler's choice), made once and never rebuilt on the launch path."""
+
+    @functools.cache
+    def made(occupancy, num_ctas):
+        import cuda.tile as ct
+
+        hints = {k: v for k, v in (("occupancy", occupancy), ("num_ctas", num_ctas))
+                 if v is not None}
+        return ct.kernel(function, **hints)
+
+    def kernel_object(occupancy: int | None = None, num_ctas: int | None = None):
+        return made(occupancy, num_ctas)
+
+    return kernel_object
+
+
+def launchers(build: Callable[[dict], Callable], knobs_file: Path) -> Callable:
+    """launcher(knobs=None) -> build(knobs): the kernel's launch for these knob values (None:
+    knobs_file's, read at the first call), built once per distinct set of values. Lists
+    become tuples, as perfloop passes them to build."""
+
+    @functools.cache
+    def built(text: str | None):
+        knobs = json.loads(Path(knobs_file).read_text() if text is None else text)
+        return build({k: tuple(v) if isinstance(v, list) else v for k, v in knobs.items()})
+
+    def launcher(knobs: dict | None = None):
+        return built(None if knobs is None else json.dumps(knobs, sort_keys=True))
+
+    launcher.cache_clear = built.cache_clear
+    return launcher
+
+
+@functools.cache
+def sm_count(index: int) -> int:
+    import torch
+
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def grid(blocks: int, persistent: bool, per_sm: int, device) -> tuple[int]:
+    """(blocks,), or for a persistent kernel no more blocks than per_sm on every SM."""
+    if not persistent:
+        return (blocks,)
+    return (min(blocks, sm_count(device.index or 0) * per_sm),)
+
+
+class Draws:
+    """make_inputs' random draws: float32 tensors on `device` from one generator seeded with
+    `seed`, in the order they are asked for."""
+
+    def __init__(self, seed: int, device):
+        import torch
+
+        self.device = device
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+
+    def normal(self, dims):
+        """N(0, 1) values."""
+        import torch
+
+        return torch.randn(dims, generator=self.generator, dtype=torch.float32,
+                           device=self.device)
+
+    def uniform(self, dims):
+        """U[0, 1) values."""
+        import torch
+
+        return torch.rand(dims, generator=self.generator, device=self.device)
+
+
+def array(dtype: str, ndim: int = 2):
+    """What compile_ahead assumes of an argument: a `dtype` array of `ndim` dimensions, rows
+    contiguous (last stride 1), 16-byte aligned, int32 indices, aliasing nothing."""
+    import cuda.tile as ct
+    from cuda.tile.compilation import ArrayConstraint
+
+    return ArrayConstraint(getattr(ct, dtype), ndim, index_dtype=ct.int32,
+                           stride_lower_bound_incl=0, alias_groups=(),
+                           may_alias_internally=False,
+                           stride_constant=(None,) * (ndim - 1) + (1,),
+                           base_addr_divisible_by=16)
+
+
+def export(kernel_object, function, arg_lists: list[list], arch: str) -> None:
+    """Compile `kernel_object` (a ct.kernel of `function`) with tileiras for `arch`, once per
+    list of arguments (array() constraints and the constants), in one cubin; no GPU needed."""
+    from cuda.tile.compilation import CallingConvention, KernelSignature, export_kernel
+
+    signatures = [KernelSignature(args, CallingConvention.cutile_python_v1())
+                  .with_mangled_symbol(function.__name__) for args in arg_lists]
+    export_kernel(kernel_object, signatures, io.BytesIO(), gpu_code=arch, output_format="cubin")

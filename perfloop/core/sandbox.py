@@ -1,0 +1,212 @@
+"""Confining a process that runs kernel code, with Linux's Landlock (kernel 5.13 and later).
+
+`confine(write, read)` restricts the calling process, and every process it starts, for good:
+files may be written, created, removed or renamed only beneath the `write` folders, and, when
+`read` is given, read or executed only beneath those and the `read` folders. Nothing the
+process does afterwards lifts it. perfloop applies it first thing in each child that runs
+kernel code (perfloop/child/bootstrap.py), from what the parent names in PERFLOOP_CONFINE: the
+child's own work folder and caches for writes; the Python environment, the system, the
+kernel's folder and perfloop for reads. So kernel code cannot rewrite the record, the table,
+the run's state, git's refs or hooks, perfloop's own files or another child's work, and cannot
+import code from places no experiment commits.
+
+From Landlock's ABI 6 on, a confined process also cannot signal a process outside its
+sandbox (another launcher, the timer: no SIGSTOP of the incumbent's launcher). Landlock is
+called through its three system calls with ctypes: Python has no released binding
+(the `landlock` package on PyPI is an alpha, 1.0.0.dev). Where the kernel has no Landlock (or a
+container's seccomp forbids it), `confine` does nothing and says so; the record names which.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import sys
+from dataclasses import dataclass
+
+_CREATE_RULESET, _ADD_RULE, _RESTRICT_SELF = 444, 445, 446  # the same numbers on every arch
+_VERSION = 1 << 0            # landlock_create_ruleset flag: ask for the ABI version
+_PATH_BENEATH = 1
+_PR_SET_NO_NEW_PRIVS = 38
+
+EXECUTE, WRITE_FILE, READ_FILE, READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
+REMOVE_DIR, REMOVE_FILE, MAKE_CHAR, MAKE_DIR = 1 << 4, 1 << 5, 1 << 6, 1 << 7
+MAKE_REG, MAKE_SOCK, MAKE_FIFO, MAKE_BLOCK, MAKE_SYM = 1 << 8, 1 << 9, 1 << 10, 1 << 11, 1 << 12
+REFER, TRUNCATE = 1 << 13, 1 << 14   # ABI 2, ABI 3
+
+READS = EXECUTE | READ_FILE | READ_DIR
+
+
+class _Ruleset(ctypes.Structure):
+    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
+                ("scoped", ctypes.c_uint64)]
+
+
+# ABI 6: no signal to, and no abstract unix socket of, a process outside this sandbox (another
+# launcher, the timer, perfloop)
+_SCOPE_ABSTRACT_UNIX_SOCKET, _SCOPE_SIGNAL = 1 << 0, 1 << 1
+
+
+class _PathBeneath(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+def _libc():
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def abi() -> int:
+    """Landlock's ABI version here, 0 where there is none."""
+    if not sys.platform.startswith("linux"):
+        return 0
+    libc = _libc()
+    libc.syscall.restype = ctypes.c_long
+    version = libc.syscall(_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(_VERSION))
+    return max(int(version), 0)
+
+
+def _writes(version: int) -> int:
+    out = (WRITE_FILE | REMOVE_DIR | REMOVE_FILE | MAKE_CHAR | MAKE_DIR | MAKE_REG | MAKE_SOCK
+           | MAKE_FIFO | MAKE_BLOCK | MAKE_SYM)
+    if version >= 2:
+        out |= REFER
+    if version >= 3:
+        out |= TRUNCATE
+    return out
+
+
+def confine(write: list[str], read: list[str] | None = None, listed: list[str] = ()) -> str:
+    """Restrict this process (see the module's text); returns what was done, in a few words.
+    `listed`: folders whose entries (names, beneath them too) may be listed though their files
+    may not be read (pytest lists the repository's root)."""
+    version = abi()
+    if version < 1:
+        return "none: this kernel has no Landlock (writes and reads are not confined)"
+    libc = _libc()
+    libc.syscall.restype = ctypes.c_long
+    writes = _writes(version)
+    handled = writes | (READS if read is not None else 0)
+    attr = _Ruleset(handled, 0, _SCOPE_SIGNAL | _SCOPE_ABSTRACT_UNIX_SOCKET if version >= 6 else 0)
+    size = ctypes.sizeof(attr) if version >= 6 else ctypes.sizeof(ctypes.c_uint64)
+    fd = libc.syscall(_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size),
+                      ctypes.c_uint32(0))
+    if fd < 0:
+        return f"none: landlock_create_ruleset failed ({os.strerror(ctypes.get_errno())})"
+    try:
+        for path in write:
+            _allow(libc, fd, path, writes | (READS if read is not None else 0))
+        for path in read or ():
+            _allow(libc, fd, path, READS)
+        for path in listed if read is not None else ():
+            _allow(libc, fd, path, READ_DIR)
+        if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            return "none: prctl(PR_SET_NO_NEW_PRIVS) failed"
+        if libc.syscall(_RESTRICT_SELF, ctypes.c_int(fd), ctypes.c_uint32(0)) != 0:
+            return f"none: landlock_restrict_self failed ({os.strerror(ctypes.get_errno())})"
+    finally:
+        os.close(fd)
+    kind = "writes and reads" if read is not None else "writes"
+    scoped = ", signals scoped" if version >= 6 else ""
+    return f"landlock ABI {version}: {kind} confined{scoped}"
+
+
+def _allow(libc, ruleset: int, path: str, access: int) -> None:
+    try:
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except OSError:
+        return  # (a folder that is not there needs no rule)
+    try:
+        if not os.path.isdir(path):
+            access &= WRITE_FILE | READ_FILE | EXECUTE | TRUNCATE  # rights a file can hold
+        rule = _PathBeneath(access, fd)
+        libc.syscall(_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(_PATH_BENEATH),
+                     ctypes.byref(rule), ctypes.c_uint32(0))
+    finally:
+        os.close(fd)
+
+
+ENV = "PERFLOOP_CONFINE"
+SYSTEM = ("/usr", "/lib", "/lib32", "/lib64", "/bin", "/sbin", "/etc", "/opt", "/proc", "/sys",
+          "/dev", "/run", "/var/lib")
+ROOT_FILES = ("pyproject.toml", "setup.cfg", "tox.ini", "pytest.ini", "conftest.py")
+
+
+def environment_reads(root) -> list[str]:
+    """What any perfloop child must read besides its own folders: the system, the Python
+    environment, the folders on sys.path and PATH outside the repository, perfloop's own
+    package, and the repository's configuration files pytest looks for."""
+    import site
+
+    root = os.path.realpath(str(root))
+    places = [*SYSTEM, sys.prefix, sys.base_prefix, sys.exec_prefix, *site.getsitepackages(),
+              site.getusersitepackages(), os.path.dirname(os.path.dirname(__file__)),
+              *os.environ.get("PATH", "").split(os.pathsep)]
+    places += [p for p in sys.path if p and os.path.isdir(p)
+               and not (os.path.realpath(p) + os.sep).startswith(root + os.sep)]
+    places += [os.path.join(root, name) for name in ROOT_FILES]
+    return sorted({os.path.realpath(p) for p in places if p})
+
+
+def child_environment(env: dict, folder, *, reads: list, root, confined: bool = True) -> dict:
+    """`env` for a child that runs kernel code, working in `folder` (made here): its
+    temporary files and caches there, and, when `confined`, PERFLOOP_CONFINE naming `folder`
+    (and /dev, for device files and shared memory) for writes, and `reads` besides the
+    environment for reads."""
+
+    folder = os.path.realpath(str(folder))
+    for sub in ("tmp", "cache"):
+        os.makedirs(os.path.join(folder, sub), exist_ok=True)
+    out = dict(env)
+    tmp, cache = os.path.join(folder, "tmp"), os.path.join(folder, "cache")
+    out.update(TMPDIR=tmp, CUDA_TILE_TEMP_DIR=tmp, XDG_CACHE_HOME=cache,
+               TRITON_CACHE_DIR=os.path.join(cache, "triton"),
+               TORCHINDUCTOR_CACHE_DIR=os.path.join(cache, "inductor"),
+               CUDA_CACHE_PATH=os.path.join(cache, "nv"), PYTHONDONTWRITEBYTECODE="1")
+    out.setdefault("CUDA_TILE_CACHE_DIR", os.path.join(cache, "cutile"))
+    if confined:
+        out[ENV] = json.dumps({"write": [folder, "/dev", out["CUDA_TILE_CACHE_DIR"]],
+                               "read": [*environment_reads(root), *map(str, reads)],
+                               "listed": [os.path.realpath(str(root))]})
+    return out
+
+
+def apply_from_environ() -> str:
+    """In a child, first thing: confine it as PERFLOOP_CONFINE says (then forget the variable,
+    so kernel code does not see it); "" when there is none."""
+
+    raw = os.environ.pop(ENV, None)
+    if not raw:
+        return ""
+    wanted = json.loads(raw)
+    return confine(wanted["write"], wanted.get("read"), wanted.get("listed", ()))
+
+
+@dataclass(frozen=True)
+class Confinement:
+    """How children that run kernel code are confined: `mode` is the rules' [limits] confine;
+    `reads` what they may read besides the environment."""
+
+    mode: str = "off"
+    reads: tuple = ()
+
+
+def confinement_for(mode: str, kernel_folder, judge_file, work) -> Confinement:
+    """A kernel's children may read its folder, its judge's folder and the run's work folder
+    (the incumbent's and the contract's copies are there)."""
+    places = (kernel_folder, os.path.dirname(str(judge_file)), work)
+    return Confinement(mode, tuple(str(p) for p in places))
+
+
+def kernel_env(env: dict, folder, root, confinement: Confinement) -> dict:
+    """The environment of a child that runs kernel code in `folder`: its temporary files and
+    caches there, and, unless confinement is off, writes only there (and reads only the
+    environment and `confinement.reads`, for "read-write")."""
+    reads = None if confinement.mode != "read-write" else [*confinement.reads, folder]
+    out = child_environment(env, folder, reads=reads or [], root=root,
+                            confined=confinement.mode != "off")
+    if confinement.mode == "write":  # writes confined, reads not
+        wanted = json.loads(out[ENV])
+        out[ENV] = json.dumps({"write": wanted["write"]})
+    return out

@@ -1,0 +1,120 @@
+"""Starting perfloop's children, for the parent and for the trusted timer alike: the command line
+of a child (perfloop/child/bootstrap.py, then pytest or a module), a new session and process
+group for each, the parent-death signal, and killing a child with all it started.
+
+perfloop's processes are child subreapers (Linux's PR_SET_CHILD_SUBREAPER): a daemon that
+kernel code starts in a session of its own is re-parented to them rather than to init, so
+`kill_descendants` finds and kills it when its phase ends.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36
+BOOTSTRAP = (Path(__file__).resolve().parents[1] / "child" / "bootstrap.py").read_text()
+
+
+OWN_HELPERS: set[int] = set()  # long-lived helpers of this process in sessions of their own
+
+
+def torch_shm_manager(pid: int) -> bool:
+    """Whether `pid` runs torch's shared-memory manager, which torch starts in a session of its
+    own for the first tensor this process shares. (Kernel code could start one too: it is
+    torch's own program, which only serves shared memory.)"""
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    binary = os.path.join(list(spec.submodule_search_locations)[0], "bin", "torch_shm_manager")
+    try:
+        return os.path.realpath(os.readlink(f"/proc/{pid}/exe")) == os.path.realpath(binary)
+    except OSError:
+        return False
+
+
+def own_helper(pid: int) -> None:
+    """A helper this process started in a session of its own (GitPython's cat-file): not a
+    stray for perfloop.measure.process.kill_strays."""
+    OWN_HELPERS.add(pid)
+
+
+def python(root: Path, mode: str, *args: str) -> list[str]:
+    """The command line of a child: perfloop/child/bootstrap.py, then pytest or a module."""
+    return [sys.executable, "-c", BOOTSTRAP, str(root), mode, *args]
+
+
+def _prctl(option: int, value: int) -> bool:
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """Runs in the child between fork and exec: `sig` when the parent dies. A process that may
+    be stopped (SIGSTOP) when that happens needs SIGKILL: any other signal waits for a
+    SIGCONT that no one will send."""
+    _prctl(PR_SET_PDEATHSIG, sig)
+
+
+def become_subreaper() -> bool:
+    """Orphans among this process's descendants come back to it (kill_descendants)."""
+    return _prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+
+def start(cmd: list[str], **popen) -> subprocess.Popen:
+    """A child in a session and process group of its own, dying with its parent."""
+    return subprocess.Popen(cmd, start_new_session=True, preexec_fn=die_with_parent, **popen)
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
+def descendants(pid: int | None = None) -> list[int]:
+    """Every living process below `pid` (default: this one), from /proc."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc") if os.path.isdir("/proc") else ():
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/stat", "rb") as f:
+                    ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            parents.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [pid or os.getpid()]
+    while todo:
+        for child in parents.get(todo.pop(), ()):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def kill_descendants(pid: int | None = None, spare: frozenset[int] | set[int] = frozenset()) -> int:
+    """SIGKILL every process below `pid` (default: this one) but those in `spare`; how many
+    there were. With become_subreaper, that includes daemons that left their session."""
+    found = [child for child in descendants(pid) if child not in spare]
+    for child in found:
+        try:
+            os.kill(child, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    for child in found:  # reap those that are ours, so none stays a zombie
+        try:
+            os.waitpid(child, os.WNOHANG)
+        except ChildProcessError:
+            pass
+    return len(found)

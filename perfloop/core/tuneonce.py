@@ -1,0 +1,101 @@
+"""Tune once among a run's finalists, for a launch in a bucket the run never measured (seed
+000's tune-once, cache, launch): each finalist (the knobs a measured bucket runs) is launched a
+few times on the caller's own inputs, the fastest is kept in memory and on disk
+(perfloop.core.autotune.DiskCache), and every later launch in that bucket runs it.
+
+Timed with the kernel's own Clock where it has one (a CPU-timed kernel), CUDA events for
+inputs on a GPU, else the wall clock. The output is written by the finalist that runs last,
+the winner, so what the caller gets is the winner's result.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+from perfloop.core.autotune import DiskCache
+
+MAX_FINALISTS = 4
+REPS = 5
+
+
+class UnseenBucket(UserWarning):
+    """A launch in a bucket that no benchmark shape fell in: what it runs, and how chosen."""
+
+
+def _device(inputs) -> str:
+    first = next((x for x in inputs if hasattr(x, "device")), None)
+    if first is None or str(first.device) == "cpu":
+        return "cpu"
+    import torch
+
+    return f"{torch.cuda.get_device_name(first.device)} ({first.device})"
+
+
+def _timer(clock_class, inputs) -> Callable[[Callable[[], object]], float]:
+    """median milliseconds of REPS calls of fn, by the kernel's clock, CUDA events, or the
+    wall clock."""
+    if clock_class is not None:
+        clock = clock_class()
+        return lambda fn: statistics.median(clock.time_batch(fn, REPS))
+    if _device(inputs) != "cpu":
+        import torch
+
+        def cuda(fn) -> float:
+            times = []
+            for _ in range(REPS):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end))
+            return statistics.median(times)
+        return cuda
+
+    def wall(fn) -> float:
+        times = []
+        for _ in range(REPS):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(times)
+    return wall
+
+
+def identity(kernel: Path, table: dict, bucket: str, finalists: list[str], inputs) -> dict:
+    """What decides the winner: the kernel's source, the knobs, the bucket, the finalists and
+    the device (a change of any misses the disk cache)."""
+    source = (Path(kernel) / "kernel.py").read_bytes() if (Path(kernel) / "kernel.py").exists() \
+        else b""
+    return {"kernel": f"tuneonce-{Path(kernel).name}",
+            "source_sha256": hashlib.sha256(source).hexdigest(),
+            "knobs": json.dumps(table, sort_keys=True, default=str), "key": bucket,
+            "device": _device(inputs), "space": list(finalists)}
+
+
+def choose(bucket: str, finalists: dict[str, Callable], inputs, out, extra: tuple,
+           ident: dict, clock_class=None, cache: DiskCache | None = None) -> tuple[str, str]:
+    """(the finalist to run in `bucket`, how it was chosen): from the disk cache, else timed
+    here on these inputs. `finalists`: {the bucket it comes from: its launch}."""
+    cache = cache or DiskCache()
+    found = cache.get(ident)
+    if found is not None:
+        return found, "tuned once before (disk cache)"
+    timed = _timer(clock_class, inputs)
+    ms = {}
+    for name, launch in finalists.items():
+        launch(inputs, out, *extra)  # its first call may compile
+        ms[name] = timed(lambda launch=launch: launch(inputs, out, *extra))
+    best = min(ms, key=ms.get)
+    cache.put(ident, best, {"median_ms": ms})
+    said = ", ".join(f"{k} {v:.4g} ms" for k, v in ms.items())
+    warnings.warn(f"perfloop.dispatch: bucket {bucket} was not measured by the run; tuned once "
+                  f"among {len(ms)} finalists ({said}): runs {best}'s knobs (cached in "
+                  f"{cache.directory})", UnseenBucket, stacklevel=3)
+    return best, f"tuned once among {len(ms)} finalists"

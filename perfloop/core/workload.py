@@ -1,0 +1,501 @@
+"""The workload: the family of shapes a kernel serves (kernel.toml's [workload]), and the
+buckets of shapes that decisions are taken in.
+
+Two things follow from it, both pure functions of the workload:
+  - held-out shapes, drawn from the family with a seed that the run records: timed in every
+    decision, never tuned on;
+  - a bucket per shape, when the kernel gives no bucket() hook: the dtype where the workload
+    has several, and each varying dimension's power-of-two class ("bfloat16/hidden<=4096").
+    The parent reads it from a Shape (shape_bucket), a launch from its inputs (inputs_bucket);
+    the two agree, so the loop decides per bucket what every launch then runs.
+
+A bucket that no benchmark shape falls in is routed to the nearest one that does (nearest):
+same dtype first, then the smallest distance in powers of two. docs/workload.md documents the
+syntax for kernel authors.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import random
+import secrets
+import tomllib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from perfloop.core.shape import Shape
+
+DEFAULT_HELD_OUT = 3
+MAX_HELD_OUT = 32
+UNSEEN = ("nearest", "tune")
+TOP_KEYS = {"dims", "dtypes", "held_out", "seed", "buckets", "inputs", "unseen", "params",
+            "peers", "family", "shapes", "weight", "name"}
+SHORT = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64"}
+
+
+class WorkloadError(ValueError):
+    """What is wrong with [workload], in one line (the manifest names the file)."""
+
+
+@dataclass(frozen=True)
+class Values:
+    """What one dimension (or several drawn together, `names`) takes: a list of values
+    (tuples when several), optionally weighted, or a range [low, high] drawn log-uniformly."""
+
+    names: tuple[str, ...]
+    values: tuple = ()
+    weights: tuple = ()
+    low: int = 0
+    high: int = 0
+    multiple_of: int = 1
+
+    def draw(self, rng: random.Random) -> tuple[int, ...]:
+        if self.values:
+            return rng.choices(self.values, weights=self.weights or None)[0]
+        x = int(math.exp(rng.uniform(math.log(self.low), math.log(self.high + 1))))
+        step = self.multiple_of
+        x = max(self.low, min(self.high, x))
+        if step > 1:  # the nearest multiple inside the range (the range holds one: step <= high)
+            x = min(max(step, round(x / step) * step), self.high // step * step)
+        return (x,)
+
+    def seen(self) -> list[tuple[int, ...]]:
+        """The values it takes, a range by its ends."""
+        return list(self.values) or [(self.low,), (self.high,)]
+
+
+@dataclass(frozen=True)
+class Family:
+    """One part of the workload: values per dimension and dtypes, or a list of shapes."""
+
+    name: str
+    values: tuple[Values, ...] = ()
+    dtypes: tuple[str, ...] = ()
+    dtype_weights: tuple = ()
+    shapes: tuple[Shape, ...] = ()
+    shape_weights: tuple = ()
+    weight: float = 1.0
+    params: tuple = ()   # (name, value) pairs: the drawn shapes' params
+
+
+@dataclass(frozen=True)
+class Workload:
+    names: tuple[str, ...]              # a shape's dims, in order
+    families: tuple[Family, ...]
+    bucket_keys: tuple[str, ...]        # "dtype" and the dims whose class keys a bucket
+    held_out: int = DEFAULT_HELD_OUT
+    seed: int | None = None
+    inputs: tuple = ()                  # (dim, input index, axis): where a launch reads a dim
+    unseen: str = "nearest"
+    peers: tuple[str, ...] = ()
+    declared: bool = False              # kernel.toml has [workload]; else the benchmark's shapes
+    benchmark: tuple[Shape, ...] = field(default=(), compare=False)
+
+    def measured(self) -> list[str]:
+        """The buckets of the benchmark shapes, in their order (each once)."""
+        return list(dict.fromkeys(shape_bucket(self, s) for s in self.benchmark))
+
+
+# ---- reading [workload] ---------------------------------------------------------------------
+def parse(raw, benchmark: tuple[Shape, ...]) -> Workload:
+    """The workload of kernel.toml's [workload] table (None: the benchmark shapes themselves,
+    with buckets by what varies among them). WorkloadError names what is wrong."""
+    if raw is None:
+        return _default(benchmark)
+    if not isinstance(raw, dict):
+        raise WorkloadError("[workload] must be a table")
+    names = _names(raw, benchmark)
+    unknown = sorted(k for k in raw if k not in TOP_KEYS and not _dim_key(names, k))
+    if unknown:
+        raise WorkloadError(f"[workload] has no setting '{unknown[0]}' (a dimension's values "
+                            f"go under its name in dims = [{', '.join(names)}])")
+    held = _int(raw.get("held_out", DEFAULT_HELD_OUT), "held_out", 0, MAX_HELD_OUT)
+    seed = raw.get("seed")
+    if seed is not None:
+        seed = _int(seed, "seed", 0, 2 ** 63)
+    unseen = raw.get("unseen", "nearest")
+    if unseen not in UNSEEN:
+        raise WorkloadError(f"[workload] unseen must be one of {', '.join(UNSEEN)}, "
+                            f"not {unseen!r}")
+    wl = Workload(names, _families(raw, names), (), held, seed,
+                  _inputs(raw.get("inputs"), names), unseen,
+                  _strings(raw.get("peers", []), "peers"), True, tuple(benchmark))
+    return replace(wl, bucket_keys=_bucket_keys(raw.get("buckets"), wl))
+
+
+def _dim_key(names: tuple, key: str) -> bool:
+    """Whether `key` names dimensions ("hidden", or "N,K" for values drawn together)."""
+    return all(k in names for k in key.split(","))
+
+
+def _names(raw: dict, benchmark) -> tuple[str, ...]:
+    names = raw.get("dims")
+    if names is None:
+        rank = min((len(s.dims) for s in benchmark), default=1)
+        return tuple(f"d{i}" for i in range(rank))
+    if not (isinstance(names, list) and names and all(
+            isinstance(n, str) and n.isidentifier() and n != "dtype" for n in names)
+            and len(set(names)) == len(names)):
+        raise WorkloadError("[workload] dims must list distinct names of the shape's "
+                            'dimensions, e.g. dims = ["rows", "hidden"]')
+    return tuple(names)
+
+
+def _int(value, what: str, low: int, high: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise WorkloadError(f"[workload] {what} must be an integer from {low} to {high}, "
+                            f"not {value!r}")
+    return value
+
+
+def _strings(value, what: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise WorkloadError(f"[workload] {what} must be a list of names")
+    return tuple(value)
+
+
+def _families(raw: dict, names: tuple) -> tuple[Family, ...]:
+    parts = raw.get("family", [])
+    if not isinstance(parts, list) or not all(isinstance(p, dict) for p in parts):
+        raise WorkloadError("[[workload.family]] must be tables")
+    own = "shapes" in raw or any(_dim_key(names, k) for k in raw)
+    families = [_family(raw, names, "[workload]")] if own or not parts else []
+    shared = {k: v for k, v in raw.items() if k in ("dtypes", "params")}
+    for i, part in enumerate(parts):
+        label = f"[[workload.family]] {part.get('name') or i + 1}"
+        unknown = sorted(k for k in part if k not in ("name", "weight", "dtypes", "params",
+                                                       "shapes") and not _dim_key(names, k))
+        if unknown:
+            raise WorkloadError(f"{label} has no setting '{unknown[0]}'")
+        families.append(_family({**shared, **part}, names, label))
+    return tuple(families)
+
+
+def _family(raw: dict, names: tuple, label: str) -> Family:
+    weight = raw.get("weight", 1.0)
+    if not isinstance(weight, (int, float)) or isinstance(weight, bool) or weight <= 0:
+        raise WorkloadError(f"{label}: weight must be a positive number")
+    params = raw.get("params", {})
+    if not isinstance(params, dict):
+        raise WorkloadError(f"{label}: params must be a table, e.g. params = {{ eps = 1e-6 }}")
+    specs = [(k, v) for k, v in raw.items() if _dim_key(names, k)]
+    if "shapes" in raw:
+        if specs:
+            raise WorkloadError(f"{label}: give either values per dimension or a list of "
+                                "shapes, not both")
+        shapes, weights = _listed(raw["shapes"], names, label)
+        return Family(label, shapes=shapes, shape_weights=weights, weight=float(weight))
+    given = [n for k, _ in specs for n in k.split(",")]
+    missing = [n for n in names if n not in given]
+    twice = sorted({n for n in given if given.count(n) > 1})
+    if missing or twice:
+        raise WorkloadError(f"{label}: give each dimension its values once "
+                            f"({'no values for ' + missing[0] if missing else twice[0] + ' twice'})")
+    dtypes, dweights = _choices(raw.get("dtypes"), f"{label} dtypes", str)
+    values = tuple(_values(tuple(k.split(",")), v, f"{label} {k}") for k, v in specs)
+    return Family(label, values, tuple(dtypes), dweights, weight=float(weight),
+                  params=tuple(sorted(params.items())))
+
+
+def _choices(spec, what: str, kind) -> tuple[tuple, tuple]:
+    """A list, or {values = [...], weights = [...]}: (values, weights or ())."""
+    weights = ()
+    if isinstance(spec, dict):
+        if set(spec) - {"values", "weights"}:
+            raise WorkloadError(f"{what}: a table holds values and weights only")
+        weights = spec.get("weights", ())
+        spec = spec.get("values")
+    if not isinstance(spec, list) or not spec or not all(isinstance(v, kind) for v in spec):
+        raise WorkloadError(f"{what} must be a non-empty list"
+                            + (" of dtype names" if kind is str else ""))
+    if weights and (not isinstance(weights, list) or len(weights) != len(spec) or not all(
+            isinstance(w, (int, float)) and not isinstance(w, bool) and w >= 0 for w in weights)
+            or not sum(weights)):
+        raise WorkloadError(f"{what}: weights must be one number >= 0 per value")
+    return tuple(spec), tuple(weights)
+
+
+def _values(names: tuple, spec, what: str) -> Values:
+    if isinstance(spec, dict) and ("min" in spec or "max" in spec):
+        if len(names) > 1 or set(spec) - {"min", "max", "multiple_of"}:
+            raise WorkloadError(f"{what}: a range is {{ min = ..., max = ... }} "
+                                "(optionally multiple_of), for one dimension")
+        low, high = spec.get("min"), spec.get("max")
+        step = spec.get("multiple_of", 1)
+        if not all(isinstance(x, int) and not isinstance(x, bool) and x > 0
+                   for x in (low, high, step)) or low > high or step > high:
+            raise WorkloadError(f"{what}: min, max (and multiple_of) must be "
+                                "positive integers, min <= max")
+        return Values(names, low=low, high=high, multiple_of=step)
+    kind = list if len(names) > 1 else int
+    values, weights = _choices(spec, what, kind)
+    rows = [tuple(v) if isinstance(v, list) else (v,) for v in values]
+    if not all(len(r) == len(names) and all(isinstance(x, int) and not isinstance(x, bool)
+                                            and x > 0 for x in r) for r in rows):
+        raise WorkloadError(f"{what}: values must be positive integers"
+                            + (f", {len(names)} per entry" if len(names) > 1 else ""))
+    return Values(names, tuple(rows), weights)
+
+
+def _listed(raw, names: tuple, label: str) -> tuple[tuple[Shape, ...], tuple]:
+    if not isinstance(raw, list) or not raw or not all(isinstance(s, dict) for s in raw):
+        raise WorkloadError(f"{label}: shapes must be [[workload.shapes]] tables "
+                            "with dims and dtype")
+    shapes, weights = [], []
+    for i, s in enumerate(raw):
+        dims, dtype, weight = s.get("dims"), s.get("dtype"), s.get("weight", 1)
+        if not (isinstance(dims, list) and dims and all(
+                isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in dims)
+                and isinstance(dtype, str) and isinstance(weight, (int, float)) and weight > 0):
+            raise WorkloadError(f"{label}: shape {i + 1} needs dims (positive "
+                                "integers), dtype and optionally a positive weight")
+        if len(dims) < len(names):
+            raise WorkloadError(f"{label}: shape {i + 1} has fewer dims than "
+                                f"dims names ({len(names)})")
+        shapes.append(Shape(s.get("name") or _name(tuple(dims), dtype), tuple(dims), dtype,
+                            held_back=True, param_items=tuple(sorted((s.get("params") or {})
+                                                                     .items()))))
+        weights.append(float(weight))
+    return tuple(shapes), tuple(weights)
+
+
+def _inputs(raw, names: tuple) -> tuple:
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict) or not all(
+            k in names and isinstance(v, list) and len(v) == 2 and all(
+                isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v)
+            for k, v in raw.items()):
+        raise WorkloadError("[workload] inputs maps each dimension to [input, axis], where a "
+                            "launch reads it: e.g. inputs = { M = [0, 0], K = [0, 1] }")
+    return tuple((k, v[0], v[1]) for k, v in raw.items())
+
+
+def _bucket_keys(raw, wl: Workload) -> tuple[str, ...]:
+    if raw is None:
+        keys = (("dtype",) if len(_dtypes(wl)) > 1 else ()) + tuple(
+            n for n in wl.names if len(_seen(wl, n)) > 1)
+    else:
+        keys = _strings(raw, "buckets")
+        bad = [k for k in keys if k != "dtype" and k not in wl.names]
+        if bad:
+            raise WorkloadError(f"[workload] buckets names '{bad[0]}', which is neither "
+                                f"\"dtype\" nor one of dims ({', '.join(wl.names)})")
+    absent = [k for k in keys if k != "dtype" and wl.inputs
+              and k not in {d for d, _, _ in wl.inputs}]
+    if absent:
+        raise WorkloadError(f"[workload] inputs does not say where a launch reads '{absent[0]}', "
+                            "which keys the buckets (name it in inputs, or set buckets)")
+    return keys
+
+
+def _default(benchmark: tuple[Shape, ...]) -> Workload:
+    rank = min((len(s.dims) for s in benchmark), default=1)
+    names = tuple(f"d{i}" for i in range(rank))
+    family = Family("benchmark", shapes=tuple(benchmark),
+                    shape_weights=tuple(1.0 for _ in benchmark))
+    wl = Workload(names, (family,), (), 0, benchmark=tuple(benchmark))
+    return replace(wl, bucket_keys=_bucket_keys(None, wl))
+
+
+def _dtypes(wl: Workload) -> set[str]:
+    return {d for f in wl.families for d in f.dtypes} | {
+        s.dtype for f in wl.families for s in f.shapes}
+
+
+def _seen(wl: Workload, name: str) -> set[int]:
+    """Every value the workload gives dimension `name` (a range by its two ends)."""
+    i = wl.names.index(name)
+    out = {_fold(s.dims, len(wl.names))[i] for f in wl.families for s in f.shapes}
+    for f in wl.families:
+        for v in f.values:
+            if name in v.names:
+                out |= {row[v.names.index(name)] for row in v.seen()}
+    return out
+
+
+# ---- buckets ------------------------------------------------------------------------------
+def _fold(dims, rank: int) -> tuple[int, ...]:
+    """`dims` as `rank` dimensions: extra leading ones multiplied into the first (a batch of
+    rows is rows), missing leading ones as 1."""
+    dims = tuple(dims)
+    if len(dims) > rank:
+        return (math.prod(dims[:len(dims) - rank + 1]), *dims[len(dims) - rank + 1:])
+    return (1,) * (rank - len(dims)) + dims
+
+
+def pow2(n: int) -> int:
+    """The smallest power of two at or above n."""
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def key(wl: Workload, dtype: str | None, dims: dict[str, int]) -> str:
+    """The bucket of a dtype and named dims: e.g. "bfloat16/hidden<=4096"."""
+    parts = [(dtype or "?") if k == "dtype" else f"{k}<={pow2(dims[k])}"
+             for k in wl.bucket_keys]
+    return "/".join(parts) or "all"
+
+
+def shape_bucket(wl: Workload, shape: Shape) -> str:
+    """The bucket of a benchmark, held-out or workload shape (the parent's side)."""
+    return key(wl, shape.dtype, dict(zip(wl.names, _fold(shape.dims, len(wl.names)))))
+
+
+def _size(x) -> tuple[int, ...] | None:
+    if hasattr(x, "shape"):
+        return tuple(x.shape)
+    if isinstance(x, (list, tuple)) and not isinstance(x, str):
+        return (len(x),)
+    return None
+
+
+def inputs_bucket(wl: Workload, inputs) -> str:
+    """The bucket of a launch's inputs (the launch's side): the first tensor's dtype, and each
+    dim read where `inputs` says, else from the first input that has a shape (a list: its
+    length), folded as a shape's dims are."""
+    dtype = next((str(x.dtype).removeprefix("torch.") for x in inputs if hasattr(x, "dtype")),
+                 None)
+    if wl.inputs:
+        dims = {name: int(inputs[i].shape[axis]) for name, i, axis in wl.inputs}
+    else:
+        size = next((s for s in map(_size, inputs) if s is not None), ())
+        dims = dict(zip(wl.names, _fold(size, len(wl.names))))
+    return key(wl, dtype, dims)
+
+
+def parse_key(bucket: str) -> tuple[str | None, dict[str, int]]:
+    """(the dtype part, {dim: class}) of a bucket; parts it cannot read count as the dtype."""
+    dtype, dims = None, {}
+    for part in bucket.split("/"):
+        name, sep, value = part.partition("<=")
+        if sep and value.isdigit():
+            dims[name] = int(value)
+        elif part != "all":
+            dtype = part
+    return dtype, dims
+
+
+def distance(a: str, b: str) -> tuple[int, float]:
+    """How far bucket b is from a: another dtype first, then powers of two apart."""
+    (da, xa), (db, xb) = parse_key(a), parse_key(b)
+    size = sum(abs(math.log2(xa[n]) - math.log2(xb[n])) if n in xb else 64.0 for n in xa)
+    return int(da != db), size + 64.0 * len(set(xb) - set(xa))
+
+
+def nearest(bucket: str, measured) -> str | None:
+    """The measured bucket a launch in `bucket` runs as: itself if measured, else the nearest
+    (by dtype, then size; ties to the first in order); None when nothing was measured."""
+    measured = list(measured)
+    if bucket in measured or not measured:
+        return bucket if bucket in measured else None
+    return min(measured, key=lambda m: distance(bucket, m))
+
+
+# ---- held-out shapes ------------------------------------------------------------------------
+def _name(dims: tuple, dtype: str) -> str:
+    return f"held:{SHORT.get(dtype, dtype)}:{'x'.join(map(str, dims))}"
+
+
+def choose_seed(wl: Workload) -> int:
+    """The seed a new run draws its held-out shapes with: kernel.toml's, else a random one."""
+    return wl.seed if wl.seed is not None else secrets.randbelow(2 ** 31)
+
+
+def draw(wl: Workload, seed: int, taken: tuple[Shape, ...] = ()) -> tuple[Shape, ...]:
+    """wl.held_out shapes drawn from the families (by weight) with `seed`, none equal to a
+    shape in `taken` (dims and dtype) or to another; fewer when the family holds fewer."""
+    rng = random.Random(seed)
+    seen = {(tuple(s.dims), s.dtype) for s in taken}
+    names = {s.name for s in taken}
+    out: list[Shape] = []
+    for _ in range(40 * wl.held_out):
+        if len(out) == wl.held_out:
+            break
+        family = rng.choices(wl.families, weights=[f.weight for f in wl.families])[0]
+        shape = _one(family, wl.names, rng)
+        if (shape.dims, shape.dtype) in seen or shape.name in names:
+            continue
+        seen.add((shape.dims, shape.dtype))
+        names.add(shape.name)
+        out.append(shape)
+    return tuple(out)
+
+
+def _one(family: Family, names: tuple, rng: random.Random) -> Shape:
+    if family.shapes:
+        listed = rng.choices(family.shapes, weights=family.shape_weights or None)[0]
+        return replace(listed, name=_name(listed.dims, listed.dtype), headline=False,
+                       held_back=True)
+    dims: dict[str, int] = {}
+    for v in family.values:
+        dims.update(zip(v.names, v.draw(rng)))
+    dtype = rng.choices(family.dtypes, weights=family.dtype_weights or None)[0]
+    shape = tuple(dims[n] for n in names)
+    return Shape(_name(shape, dtype), shape, dtype, held_back=True,
+                 param_items=family.params)
+
+
+def held_out(spec, seed: int | None) -> tuple[Shape, ...]:
+    """The shapes a run times beside its benchmark and never tunes on: kernel.toml's
+    [[held_back]] shapes (without them and without a workload, those derived from the
+    benchmark's), and those drawn from a declared workload with the run's `seed` (None:
+    kernel.toml's, else 0)."""
+    wl = spec.workload
+    if wl is None or not wl.declared:
+        return tuple(spec.held_back)
+    seed = seed if seed is not None else (wl.seed or 0)
+    return tuple(spec.held_back) + draw(wl, seed, tuple(spec.shapes) + tuple(spec.held_back))
+
+
+def with_buckets(shapes, wl: Workload) -> list[dict]:
+    """Shape dicts for the timer, each with its bucket (Shape.as_dict() and "bucket")."""
+    return [{**s.as_dict(), "bucket": shape_bucket(wl, s)} for s in shapes]
+
+
+# ---- beside a kernel (a launch's side) ------------------------------------------------------
+def load(folder: Path) -> Workload | None:
+    """The workload of the kernel.toml in `folder` (None where there is none), for a launch:
+    read once per version of the file."""
+    path = Path(folder) / "kernel.toml"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError:
+        return None
+    return _from_text(text)
+
+
+@functools.lru_cache(maxsize=64)
+def _from_text(text: str) -> Workload:
+    manifest = tomllib.loads(text)
+    shapes = tuple(Shape(str(s.get("name")), tuple(s["dims"]), s["dtype"],
+                         bool(s.get("headline"))) for s in manifest.get("shapes", []))
+    return parse(manifest.get("workload"), shapes)
+
+
+# ---- the parent's side of a timing --------------------------------------------------------
+def annotate(summary: dict, wl: Workload, shapes) -> dict:
+    """A summarized timing pass (perfloop.measure.phases) with each shape's bucket: the one the
+    timer read from the kernel's bucket() hook, else the workload's. A held-out shape whose
+    bucket no benchmark shape falls in gets `routes_to`: the measured bucket it runs as (the
+    nearest, with the workload's buckets; None with the kernel's own, where it runs the plain
+    knobs). Decisions about a bucket count the held-out shapes that run as it."""
+    by_name = {s.name: s for s in shapes}
+    own = {name: sh.get("bucket") for name, sh in summary.items()}
+    derived = {name: shape_bucket(wl, by_name[name]) for name in summary if name in by_name}
+    hooked = any(own[n] is not None and own[n] != derived.get(n) for n in summary)
+    measured = ([own[n] for n, sh in summary.items() if not sh.get("held_back")] if hooked
+                else wl.measured())
+    out = {}
+    for name, sh in summary.items():
+        bucket = own[name] if own[name] is not None else derived.get(name)
+        entry = {**sh, "bucket": bucket}
+        if sh.get("held_back") and bucket not in measured:
+            entry["routes_to"] = None if hooked else nearest(bucket, measured)
+        out[name] = entry
+    return out
+
+
+def group(shape: dict) -> str | None:
+    """The bucket a timed shape (annotate's entry) runs as: its own, or where it is routed."""
+    return shape["routes_to"] if "routes_to" in shape else shape.get("bucket")

@@ -1,0 +1,122 @@
+"""The judge's reference pass: `pytest JUDGE -p perfloop.referee.judge_plugin
+--perfloop-reference FILE`, in a process that never imports kernel code.
+
+It runs the same judge over the same cases as the kernel passes, but perfloop.correctness
+gives it a stand-in for every kernel module and records, for each case, the expected value the
+judge computes from its own inputs (perfloop.core.judging). When its session ends it waits for
+perfloop to name the kernel passes' output folders, reads each delivered output as data
+(torch.load with weights_only: tensors, lists and numbers, never code), compares it with the
+expected value within the case's tolerance, and writes the verdict. A case with no output, or
+an output that differs, fails its variant; only this process says that a variant passed.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from perfloop.core import judging, outputs
+from perfloop.core.atomic import digest, write_json
+
+REQUEST_DIGEST = ""
+FAILED: dict = {}   # test id -> its first error line: the judge itself failed without kernel code
+WAIT_S = 3600        # for the outputs, after the expected values are computed
+
+
+def pytest_addoption(parser):
+    parser.addoption("--perfloop-reference", default=None,
+                     help="perfloop's reference-pass request (JSON)")
+
+
+def pytest_configure(config):
+    global REQUEST_DIGEST
+    path = config.getoption("--perfloop-reference")
+    if path:
+        from perfloop.core.lifeline import guard_parent, wait_for_task
+
+        guard_parent()
+        if not Path(path).exists() and not wait_for_task(Path(path)):
+            pytest.exit("perfloop: no reference request came", returncode=3)
+        raw = Path(path).read_bytes()
+        judging.REQUEST, REQUEST_DIGEST = json.loads(raw), digest(raw)
+        judging.MODE = judging.REFERENCE
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if judging.REQUEST and report.failed:
+        lines = (report.longreprtext or "").strip().splitlines()
+        FAILED[item.nodeid] = (lines[-1] if lines else "")[:300]
+
+
+def pytest_sessionfinish(session, exitstatus):
+    request = judging.REQUEST
+    if not request:
+        return
+    asked = _wait_for(Path(request["compare"]))
+    verdict = {"request": REQUEST_DIGEST, "reference_failures": FAILED,
+               "expected": len(judging.ORDER), "labels": {}}
+    if asked is not None:
+        from perfloop.core.imports import imported_files
+
+        verdict["imports"] = imported_files()
+        for label, folders in asked["labels"].items():
+            verdict["labels"][label] = judge_label(label, [Path(f) for f in folders])
+    else:
+        verdict["error"] = "no comparison was asked for"
+    write_json(Path(request["verdict"]), verdict)
+
+
+def _wait_for(path: Path) -> dict | None:
+    until = time.monotonic() + WAIT_S
+    while not path.exists():
+        if time.monotonic() > until:
+            return None
+        time.sleep(0.01)
+    return json.loads(path.read_text())
+
+
+def judge_label(label: str, folders: list[Path]) -> dict:
+    """Every expected case of `label` against what its kernel passes delivered."""
+    delivered: dict = {}
+    for folder in folders:
+        for entry in _read_outputs(folder):
+            if entry.get("label") == label:
+                delivered.setdefault(entry.get("case"), []).append(entry)
+    cases = []
+    for key in [k for k in judging.ORDER if k[0] == label]:
+        want = judging.EXPECTED[key]
+        got = delivered.get(key[1]) or [{"error": "no output was delivered for this case"}]
+        cases.append(_worst(key[1], [_one(entry, want) for entry in got]))
+    return {"passed": bool(cases) and all(c["passed"] for c in cases), "cases": cases}
+
+
+def _read_outputs(folder: Path) -> list[dict]:
+    import torch
+
+    out = []
+    for path in sorted(folder.glob("*.pt")):
+        try:
+            entry = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:  # a file that is not plain data is no output
+            out.append({"label": None, "error": f"{path.name}: unreadable ({type(exc).__name__})"})
+            continue
+        if isinstance(entry, dict):
+            out.append(entry)
+    return out
+
+
+def _one(entry: dict, want: dict) -> dict:
+    if entry.get("error"):
+        return {"passed": False, "error": str(entry["error"])[:300]}
+    return outputs.compare(entry.get("output"), want["expected"], {}, "", fixed=want["tolerance"])
+
+
+def _worst(case: str, results: list[dict]) -> dict:
+    bad = [r for r in results if not r["passed"]]
+    return {"case": case, **(bad[0] if bad else results[0])}

@@ -1,0 +1,307 @@
+"""The trusted timer's handles on its launchers (perfloop.child.launcher), one process per
+variant, and the clocks that time their batches from outside.
+
+Each launcher is forked from the timer before the timer initializes CUDA, imports the contract
+or draws anything (so it starts with torch imported, and with nothing it could predict), then
+becomes a process of its own: a session of its own, only its own pipes and log open, its own
+environment, confined (perfloop.core.sandbox). A launcher runs only while it is its turn: the timer continues it (SIGCONT), asks for a batch,
+and stops it (SIGSTOP) once the batch is timed, so between turns its host code cannot launch
+work, write, or read what the timer does next.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from perfloop.core import spawn
+from perfloop.core.channel import Channel, Closed
+
+
+class LauncherFailed(Exception):
+    def __init__(self, label: str, reason: str, kind: str = "crash"):
+        super().__init__(reason)
+        self.label, self.reason, self.kind = label, reason, kind
+
+
+class Forked:
+    """A launcher process forked from the timer: what Launcher needs of a Popen."""
+
+    def __init__(self, pid: int):
+        self.pid, self.returncode = pid, None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout=None) -> int:
+        if self.returncode is None:
+            _, status = os.waitpid(self.pid, 0)
+            self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+
+def _timer_files() -> list[int]:
+    """The timer's pipes (other launchers' channels among them) and files (its progress,
+    logs): closed in a forked launcher. Sockets and devices stay: torch's shared-memory
+    client, imported before the fork, holds some."""
+    out = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue
+        if target.startswith("pipe:") or (target.startswith("/")
+                                           and not target.startswith("/dev/")):
+            out.append(int(name))
+    return out
+
+
+def _become_launcher(root: Path, env: dict, log: Path, fds: tuple) -> None:
+    """In the forked child: a session of its own that dies with the timer, its log as stdout
+    and stderr, no pipe or file of the timer's open, its own environment, confined."""
+    os.setsid()
+    spawn.die_with_parent(signal.SIGKILL)  # (it is stopped between its turns)
+    os.chdir(root)
+    null, out = os.open(os.devnull, os.O_RDONLY), os.open(log, os.O_WRONLY | os.O_CREAT
+                                                         | os.O_APPEND, 0o644)
+    os.dup2(null, 0)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    for fd in _timer_files():
+        if fd > 2 and fd not in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    os.environ.clear()
+    os.environ.update(env)
+    tempfile.tempdir = None  # (TMPDIR is the launcher's own now)
+    sys.dont_write_bytecode = True
+    sys.argv = ["perfloop.child.launcher", *map(str, fds)]
+    from perfloop.core import sandbox
+
+    confined = sandbox.apply_from_environ()
+    if confined:
+        print(f"perfloop: confined: {confined}", flush=True)
+
+
+def fork_launcher(root: Path, env: dict, log: Path, fds: tuple) -> Forked:
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    with warnings.catch_warnings():  # (3.12 warns of the timer's lifeline thread: the child
+        warnings.simplefilter("ignore", DeprecationWarning)  # runs nothing it shares)
+        pid = os.fork()
+    if pid:
+        return Forked(pid)
+    code = 1
+    try:
+        _become_launcher(root, env, log, fds)
+        from perfloop.child import launcher
+
+        code = launcher.main(*fds)
+    except SystemExit as exc:  # (kernel code may end its process this way)
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+class Launcher:
+    def __init__(self, label: str, *, root: Path, env: dict, log: Path, reply_s: float):
+        """Forks the launcher; `configure` sends it its task."""
+        self.label, self.reply_s = label, reply_s
+        down_r, down_w = os.pipe()   # timer -> launcher
+        up_r, up_w = os.pipe()       # launcher -> timer
+        self.log = open(log, "ab")
+        self.proc = fork_launcher(root, env, log, (down_r, up_w))
+        os.close(down_r)
+        os.close(up_w)
+        self.channel = Channel(up_r, down_w)
+        self.events = None
+        self.running = True
+
+    def configure(self, setup: dict) -> None:
+        self.events = setup.get("events_objects")
+        try:
+            self.channel.send_pickle({k: v for k, v in setup.items() if k != "events_objects"})
+        except Closed as exc:
+            raise self._failed(str(exc)) from None
+
+    def built(self, timeout_s: float) -> None:
+        answer = self._answer(timeout_s)
+        if "failed" in answer:
+            raise LauncherFailed(self.label, str(answer["failed"])[:300])
+        self.stop()
+
+    def ask(self, message: dict, pickler=None, timeout_s: float | None = None) -> dict:
+        """Send `message` and wait for the answer, continued while it works."""
+        self.cont()
+        try:
+            self.channel.send_pickle(message, pickler)
+        except Closed as exc:
+            raise self._failed(str(exc)) from None
+        answer = self._answer(timeout_s or self.reply_s)
+        if "raised" in answer:
+            raise LauncherFailed(self.label, str(answer["raised"])[:300])
+        return answer
+
+    def send(self, message: dict) -> None:
+        """Send without waiting (its answer is read with `answer`)."""
+        self.cont()
+        try:
+            self.channel.send_pickle(message)
+        except Closed as exc:
+            raise self._failed(str(exc)) from None
+
+    def _answer(self, timeout_s: float) -> dict:
+        try:
+            answer = self.channel.recv_json(timeout_s)
+        except Closed as exc:
+            raise self._failed(str(exc)) from None
+        if not isinstance(answer, dict):
+            raise LauncherFailed(self.label, "answered with something that is not an answer")
+        return answer
+
+    def answer(self) -> dict:
+        answer = self._answer(self.reply_s)
+        if "raised" in answer:
+            raise LauncherFailed(self.label, str(answer["raised"])[:300])
+        return answer
+
+    def _failed(self, why: str) -> LauncherFailed:
+        code = self.proc.poll()
+        if code is None:
+            self.kill()
+            return LauncherFailed(self.label, f"did not answer in {self.reply_s:.0f} s (a hang)")
+        if code < 0:
+            return LauncherFailed(self.label, f"died from signal {signal.Signals(-code).name}")
+        return LauncherFailed(self.label, f"exited with status {code} ({why})")
+
+    def stop(self) -> None:
+        if self.running and self.proc.poll() is None:
+            _signal_group(self.proc.pid, signal.SIGSTOP)
+            self.running = False
+
+    def cont(self) -> None:
+        if not self.running and self.proc.poll() is None:
+            _signal_group(self.proc.pid, signal.SIGCONT)
+            self.running = True
+
+    def kill(self) -> None:
+        spawn.kill_group(self.proc)
+        self.log.close()
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+@dataclass
+class Batch:
+    """One timed batch: its time (ms, all launches), the copies of its checked slots, what the
+    launcher said, and whether host time may be in it (the pad was too short)."""
+
+    ms: float
+    copies: dict
+    host_s: float
+    host_bound: bool = False
+
+
+class WallClock:
+    """A CPU kernel: the trusted timer's wall clock from its "go" to the launcher's answer. The
+    launcher is stopped at once, before the checked outputs are read, so work left for later
+    cannot fill them in."""
+
+    def describe(self) -> dict:
+        return {"clock": "wall clock of the trusted timer around each launcher's batch"}
+
+    def batch(self, launcher: Launcher, n: int, copy) -> Batch:
+        launcher.cont()
+        t0 = time.perf_counter()
+        launcher.send({"op": "batch", "n": n})
+        answer = launcher.answer()
+        ms = (time.perf_counter() - t0) * 1e3
+        launcher.stop()
+        return Batch(ms, copy(), float(answer.get("host_s") or 0.0))
+
+
+class GpuClock:
+    """A GPU kernel: the trusted timer's CUDA events around the launcher's batch. On the timer's
+    stream: the L2 flush, a sleep long enough for both hosts to issue their work, the start
+    event, `go`; the launcher's stream waits for `go`, launches, records `done`; the timer's
+    stream waits for `done`, copies the checked outputs, records the end event. Everything the
+    batch's inputs could be used for happens between the two events: inputs are drawn before
+    the start event and the outputs are read before the end event."""
+
+    def __init__(self):
+        import torch
+
+        self.torch = torch
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        self.flush_bytes = max(2 * props.L2_cache_size, 64 << 20)
+        self._flush = torch.ones(self.flush_bytes // 8, dtype=torch.int64, device="cuda")
+        self._sink = torch.empty((), dtype=torch.int64, device="cuda")
+        self.stream = torch.cuda.current_stream()
+        self.cycles_per_us = self._calibrate()
+
+    def _calibrate(self) -> float:
+        torch, cycles, times = self.torch, 1_000_000, []
+        torch.cuda._sleep(cycles)
+        for _ in range(3):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            torch.cuda._sleep(cycles)
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b))
+        return cycles / (sorted(times)[1] * 1000.0)
+
+    def describe(self) -> dict:
+        return {"clock": "cuda events of the trusted timer around each launcher's batch, "
+                         "joined by interprocess events", "l2_flush": "read-only sum",
+                "l2_flush_bytes": self.flush_bytes}
+
+    def batch(self, launcher: Launcher, n: int, copy, pad_us: float,
+              timeout_s: float) -> Batch:
+        torch = self.torch
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        go, done = launcher.events
+        torch.sum(self._flush, dim=0, out=self._sink)
+        torch.cuda._sleep(int(pad_us * self.cycles_per_us))
+        t0 = time.perf_counter()
+        start.record(self.stream)
+        go.record(self.stream)
+        launcher.send({"op": "batch", "n": n})
+        answer = launcher.answer()
+        done.wait(self.stream)
+        copies = copy()
+        end.record(self.stream)
+        host_s = time.perf_counter() - t0
+        until = time.monotonic() + timeout_s
+        while not end.query():
+            if time.monotonic() > until:
+                raise LauncherFailed(launcher.label, "its GPU work did not end in "
+                                     f"{timeout_s:.0f} s (a hang)")
+            time.sleep(0.0002)
+        launcher.stop()
+        return Batch(start.elapsed_time(end), copies, float(answer.get("host_s") or 0.0),
+                     host_bound=host_s * 1e6 > pad_us)

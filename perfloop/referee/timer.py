@@ -1,0 +1,563 @@
+"""The trusted timer: `python -m perfloop.referee.timer SPEC.json`. It never imports kernel code.
+
+Everything that defines the benchmark comes from the run's pinned contract folder (the base
+commit's kernel.py): inputs, output buffers, the reference, bytes and FLOPs, the bucket. Each
+variant (the incumbent, its A/A control, each candidate) is built in a launcher process of its
+own (perfloop.child.launcher), so no variant's code shares a process with another's or with
+the clock. For each shape, in alternating rounds, each launcher runs batches: N launches on N
+slots of inputs drawn afresh for every batch (perfloop.referee.slots), timed from here
+(perfloop.referee.launchers: CUDA events around interprocess events on a GPU, the wall clock on
+a CPU), a few slots at random checked against the float64 reference. A launcher that crashes,
+hangs, raises or returns a wrong output is dropped with the reason; the others go on. With
+`select`, the fastest candidate is timed again against the incumbent in fresh rounds.
+
+Its result (the statistics are perfloop's own process's: perfloop.measure.phases) lists per
+shape and variant the per-launch time of each batch, round by round.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from perfloop.core import envinfo, gpu_ipc, hooks, roofline, spawn, stats, traffic
+from perfloop.core.atomic import digest, write_json
+from perfloop.core.dispatch import knobs_for
+from perfloop.core.errors import UserError
+from perfloop.core.kernel import Shape, code_digest, import_module
+from perfloop.core.lifeline import guard_parent, wait_for_task
+from perfloop.core.playbook import Measure
+from perfloop.core.sandbox import Confinement, kernel_env
+from perfloop.core.values import freeze
+from perfloop.core.vocab import CONTROL, INCUMBENT, Outcome
+from perfloop.referee import ceilings
+from perfloop.referee.launchers import GpuClock, Launcher, LauncherFailed, WallClock
+from perfloop.referee.slots import Checked, Slots
+
+CHECKS_PER_BATCH = 2
+# the sleep ahead of a batch doubles while the launcher's host work outlasts it (a batch of 256
+# launches of 40 us host work each needs 10 ms and more); past a second, the variant fails
+MAX_PAD_US = 1_000_000.0
+# a warm-up of one-launch batches stops here even short of warmup_ms: each batch also costs
+# its flush, its sleep and a round trip (ms), so a 40 us kernel took 30 s to reach 100 ms
+WARM_MAX_BATCHES = 40
+MAX_SLOTS = 256
+SLOT_MEMORY_SHARE = 0.25   # of the GPU memory free when a shape starts
+
+
+class Progress:
+    """One line per step into the progress file, flushed before the step runs."""
+
+    def __init__(self, path: Path):
+        self.file = open(path, "a", encoding="utf-8")
+
+    def __call__(self, label, stage: str, **extra) -> None:
+        self.file.write(json.dumps({"label": label, "stage": stage, **extra,
+                                    "t": round(time.monotonic(), 3)}) + "\n")
+        self.file.flush()
+
+
+class Timer:
+    def __init__(self, spec: dict):
+        self.spec = spec
+        self.settings = Measure(**spec["measure"])
+        self.progress = Progress(Path(spec["progress"]))
+        self.failed: dict[str, dict] = {}  # label -> {reason, kind}
+        self.reply_s = float(spec.get("reply_timeout_s", 300))
+        self._own = _own_helpers()   # before any kernel code exists
+        forked = self._fork_launchers(spec["variants"])  # first: see perfloop.referee.launchers
+        self.rng = random.Random(os.urandom(16))
+        self.contract = import_module(Path(spec["contract_folder"]), "contract")
+        for raw in spec["shapes"]:  # a wrong traffic() stops the timer before any timing
+            traffic.of(self.contract, Shape.from_dict(raw), Path(spec["contract_folder"]).name)
+        self.device = getattr(self.contract, "DEVICE", "cuda")
+        self.gpu = self.device == "cuda"
+        self.simulated = getattr(self.contract, "simulated_ms", None)
+        checked = spec.get("checked", [v["label"] for v in spec["variants"][2:]])
+        self.unverified = {v["label"] for v in spec["variants"]
+                           if v["label"] not in checked or v.get("torch")}
+        self.knobs = {v["label"]: {k: freeze(x) for k, x in v.get("knobs", {}).items()}
+                      for v in spec["variants"]}
+        self.clock = GpuClock() if self.gpu else WallClock()
+        self.launchers = self._start_launchers(spec["variants"], forked)
+        self.buckets = {raw["name"]: raw.get("bucket") for raw in spec["shapes"]}
+        self.overhead: dict = {}  # (shape, slots checked) -> ms of an empty batch
+        self.pads: dict = {}      # label -> us of sleep ahead of its batches
+        # batches per variant and round: a wall clock shares the CPU with everything else, so
+        # a round's median over a few batches sheds the one that met a busy moment
+        self._per_round = 1 if self.gpu or self.simulated is not None else 3
+
+    # ---- launchers ------------------------------------------------------------------------
+    def _launcher_env(self, v: dict, work: Path) -> dict:
+        """A launcher's folder (the only place it may write, with its variant's compile
+        cache) and environment (perfloop.core.sandbox)."""
+        folder = work / f"k-{os.urandom(4).hex()}"
+        folder.mkdir(parents=True)
+        conf = self.spec.get("confinement") or {}
+        confinement = Confinement(conf.get("mode", "off"), tuple(conf.get("reads", ())))
+        code = v.get("folder") or self.spec["contract_folder"]
+        env = {**os.environ, "CUDA_TILE_CACHE_DIR": str(Path(self.spec.get("cache", work))
+                                                        / code_digest(Path(code)))}
+        return kernel_env(env, folder, self.spec["root"], confinement)
+
+    def _fork_launchers(self, variants: list[dict]) -> dict:
+        import torch  # noqa: F401 (each launcher starts with it imported)
+
+        out, work = {}, Path(self.spec["progress"]).parent
+        for v in variants:
+            label = v["label"]
+            out[label] = Launcher(label, root=Path(self.spec["root"]),
+                                  env=self._launcher_env(v, work),
+                                  log=work / f"{Path(self.spec['progress']).stem}-{label}.log",
+                                  reply_s=self.reply_s)
+        return out
+
+    def _start_launchers(self, variants: list[dict], out: dict) -> dict:
+        setups = {}
+        for v in variants:
+            label = v["label"]
+            setup = {"label": label, "device": self.device,
+                     "kind": v.get("torch") or "kernel", "folder": v.get("folder"),
+                     "knobs": v.get("knobs", {}), "contract_folder": self.spec["contract_folder"]}
+            if self.gpu:
+                events = (gpu_ipc.IpcEvent(), gpu_ipc.IpcEvent())
+                setup["events"] = {"go": events[0].handle(), "done": events[1].handle()}
+                setup["events_objects"] = events
+            setups[label] = setup
+            self.progress(label, "build")
+        for step in ("configure", "built"):  # (every launcher builds while the others do)
+            for label, launcher in list(out.items()):
+                try:
+                    if step == "configure":
+                        launcher.configure(setups[label])
+                    else:
+                        launcher.built(self.spec.get("build_timeout_s", 3600))
+                except LauncherFailed as exc:
+                    self._fail(label, exc.reason, Outcome.CRASH)
+                    launcher.kill()
+                    del out[label]
+        return out
+
+    def _fail(self, label: str, reason: str, kind: str = Outcome.FAIL) -> None:
+        self.failed.setdefault(label, {"reason": reason, "kind": kind})
+        launcher = self.launchers.get(label) if hasattr(self, "launchers") else None
+        if launcher is not None and kind != Outcome.FAIL:
+            launcher.kill()
+
+    def _lost(self, exc: LauncherFailed) -> None:
+        """A launcher crashed, hung or raised: dropped; without the incumbent, nothing compares."""
+        self.progress(exc.label, "failed", reason=exc.reason)
+        if exc.label in (INCUMBENT, CONTROL):
+            raise exc
+        self._fail(exc.label, exc.reason, Outcome.CRASH)
+        launcher = self.launchers.pop(exc.label, None)
+        if launcher is not None:
+            launcher.kill()
+
+    def wait_for_go(self) -> None:
+        """Wait until the parent names the variants that passed the judge."""
+        go = Path(self.spec["go"])
+        while not go.exists():
+            time.sleep(0.02)
+        release = json.loads(go.read_text())
+        self.labels = [label for label in release["labels"]
+                       if label in self.launchers or label in self.failed]
+        self.select = release.get("select", False)
+        for label in list(self.launchers):
+            if label not in self.labels:
+                self.launchers.pop(label).kill()
+
+    # ---- one shape ------------------------------------------------------------------------
+    def _active(self, labels: list[str]) -> list[str]:
+        return [label for label in labels if label not in self.failed and label in self.launchers]
+
+    def _share(self, slots: Slots, labels: list[str]) -> None:
+        """The slots' tensors, shared with each launcher (CUDA memory by IPC handles, CPU
+        memory as files in /dev/shm), never copied: what a launch writes, the timer reads."""
+        from multiprocessing.reduction import ForkingPickler
+
+        import torch.multiprocessing
+
+        torch.multiprocessing.set_sharing_strategy("file_system")
+
+        message = {"op": "slots", "slots": slots.buffers}
+        for label in self._active(labels):
+            try:
+                self.launchers[label].ask(message, pickler=ForkingPickler.dumps)
+            except LauncherFailed as exc:
+                self._lost(exc)
+
+    def _sweep(self) -> None:
+        """Between turns no process runs below the timer but its launchers and their groups
+        (stopped with them): whatever kernel code started in a session of its own (a daemon
+        comes back here: the timer is a subreaper) is killed before another variant's turn."""
+        groups = {launcher.proc.pid for launcher in self.launchers.values()}
+        for pid in spawn.descendants():
+            # a launcher's own group is stopped with it between turns; the timer's own helpers
+            # (torch's shared-memory manager) were there before any kernel code
+            if _group(pid) in groups or pid in self._own:
+                continue
+            try:
+                os.kill(pid, 9)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def _batch(self, label: str, slots: Slots, n: int, check: bool, shape: Shape,
+               round_index: int, checked: dict) -> float | None:
+        """One timed batch of `n` launches; ms per launch, or None when host time got in."""
+        self._sweep()
+        drawn = slots.refill(n, CHECKS_PER_BATCH if check else 0)
+        launcher = self.launchers[label]
+        copy = lambda: slots.copy(drawn)  # noqa: E731 (read inside the bracket)
+        if self.gpu:
+            pad = self.pads.setdefault(label, 200.0)
+            batch = self.clock.batch(launcher, n, copy, pad, self.reply_s)
+            if batch.host_bound:
+                self._longer_pad(label, pad)
+                return None
+        else:
+            batch = self.clock.batch(launcher, n, copy)
+        if drawn:
+            self._check(label, slots, drawn, batch.copies, shape, round_index, checked)
+        key = (shape.name, len(drawn))
+        if self.simulated is not None:
+            return self._simulated(label, slots, shape, n)
+        return max(batch.ms - self.overhead.get(key, 0.0), 0.0) / max(n, 1)
+
+    def _simulated(self, label: str, slots: Slots, shape: Shape, n: int) -> float:
+        """A test kernel's modelled time (kernel.py's simulated_ms): from its knobs in the
+        slot's bucket, never from what its launcher does."""
+        knobs = self.knobs[label]
+        bucket = self._bucket(slots.buffers[0][0], shape)
+        mine = knobs_for(knobs, bucket) if bucket is not None else knobs
+        return statistics.mean(self.simulated(mine, shape, self.rng.randrange(1 << 30))
+                               for _ in range(n))
+
+    def _longer_pad(self, label: str, pad: float) -> None:
+        if pad * 2 > MAX_PAD_US:
+            raise LauncherFailed(label, f"its launches keep the host busy longer than "
+                                        f"{MAX_PAD_US / 1e6:.0f} s per batch: their host time "
+                                        "cannot be kept out of the device time")
+        self.pads[label] = pad * 2
+
+    def _check(self, label, slots, drawn, copies, shape, round_index, checked) -> None:
+        failures = slots.check(drawn, copies)
+        mine = checked.setdefault(label, Checked())
+        mine.count += len(drawn)
+        for failure in failures:
+            mine.passed = False
+            mine.failures.append({"round": round_index, **failure})
+        if failures:
+            self._fail(label, f"timed output differs from the reference at {shape.name} "
+                              f"({_describe_mismatch(failures[0])})")
+
+    def _calibrate(self, slots: Slots, shape: Shape, check: int) -> None:
+        """The time of an empty batch (the bracket alone, `check` slots' outputs copied, as a
+        batch with that many checks copies them), subtracted from every batch at this shape."""
+        if self.simulated is not None:
+            return
+        key, samples, launcher = (shape.name, check), [], self.launchers[INCUMBENT]
+        copy = lambda: slots.copy(range(check))  # noqa: E731
+        while len(samples) < 5:
+            if self.gpu:
+                pad = self.pads.setdefault(INCUMBENT, 200.0)
+                batch = self.clock.batch(launcher, 0, copy, pad, self.reply_s)
+                if batch.host_bound:
+                    self._longer_pad(INCUMBENT, pad)
+                    continue
+            else:
+                batch = self.clock.batch(launcher, 0, copy)
+            samples.append(batch.ms)
+        self.overhead[key] = statistics.median(samples)
+
+    def _bucket(self, inputs, shape: Shape):
+        """The shape's bucket: as the parent named it, else the contract's bucket(inputs)."""
+        if self.buckets.get(shape.name) is not None:
+            return self.buckets[shape.name]
+        return self.contract.bucket(inputs) if hasattr(self.contract, "bucket") else None
+
+    def _skipped(self, shape: Shape, inputs) -> bool:
+        """A shape outside the buckets a dispatch change touches (spec "only_buckets"), and not
+        named in "always", runs the incumbent's code in every variant: not timed."""
+        only = self.spec.get("only_buckets")
+        if only is None or shape.name in self.spec.get("always", ()):
+            return False
+        bucket = self._bucket(inputs, shape)
+        return bucket is not None and bucket not in only
+
+    def _warm(self, label: str, slots: Slots, shape: Shape, settings: Measure,
+              give_up: float | None) -> float:
+        """Batches until warmup_ms of kernel time (at most WARM_MAX_BATCHES); the typical time
+        of one launch. Past give_up ms (two batches agreeing) it stops at once: a cliff is plain
+        to see. On a GPU a batch is one launch; on a CPU, min_reps (a lone launch is lost in the
+        wall clock's noise)."""
+        spent, recent, clean, batches = 0.0, [], [], 0
+        check = label not in self.unverified
+        n = self._warm_n(settings)
+        while (spent < settings.warmup_ms and batches < WARM_MAX_BATCHES) or len(recent) < 3:
+            ms = self._batch(label, slots, n, check, shape, -1, {})
+            if ms is None:
+                continue
+            batches += 1
+            spent += max(ms, 1e-3) * n
+            recent = (recent + [ms])[-5:]
+            clean = (clean + [ms])[-2:]
+            if give_up is not None and len(clean) == 2 and min(clean) > give_up:
+                return min(clean)
+        return statistics.median(recent)
+
+    def _warm_n(self, settings: Measure) -> int:
+        return 1 if self.gpu else max(1, settings.min_reps)
+
+    def _slot_count(self, typical_ms: float, slot_bytes: int, settings: Measure) -> int:
+        want = settings.round_ms / max(typical_ms, 1e-4)
+        count = int(min(max(want, settings.min_reps), settings.max_reps if not self.gpu
+                        else MAX_SLOTS))
+        if self.gpu and slot_bytes:
+            import torch
+
+            free, _ = torch.cuda.mem_get_info()
+            count = min(count, max(1, int(free * SLOT_MEMORY_SHARE // slot_bytes)))
+        return max(count, 1)
+
+    def _time_shape(self, shape: Shape, labels: list[str], seed: int, index: int,
+                    settings: Measure) -> dict | None:
+        inputs = self.contract.make_inputs(shape, seed, self.device)
+        if self._skipped(shape, inputs):
+            return None
+        slots = Slots(self.contract, shape, self._warm_n(settings), self.device,
+                      self.rng.randrange(1 << 62), self.spec.get("tolerance", {}), self.rng)
+        self._share(slots, labels)
+        checked: dict = {}
+        estimates, cliffs = self._warm_all(shape, labels, slots, settings)
+        active = [label for label in self._active(labels) if label not in cliffs]
+        if INCUMBENT not in active:
+            return None
+        n = self._slot_count(statistics.median(estimates[label] for label in active),
+                             slots.bytes(), settings)
+        slots.grow(n)
+        self._share(slots, active)
+        self._calibrate(slots, shape, min(CHECKS_PER_BATCH, n))
+        rounds = self._rounds(shape, active, slots, n, settings, checked)
+        for label, ratio in cliffs.items():
+            self._fail(label, f"at {shape.name} its warm-up ran {ratio:.1f}x slower than the "
+                              "incumbent's: dropped as a cliff, not timed further", Outcome.SLOW)
+        self._release(active)
+        return self._shape_result(shape, inputs, rounds, n, checked, cliffs)
+
+    def _release(self, labels: list[str]) -> None:
+        """The launchers drop the shape's slots, and their memory goes back."""
+        for label in self._active(labels):
+            try:
+                self.launchers[label].ask({"op": "slots", "slots": []})
+            except LauncherFailed as exc:
+                self._lost(exc)
+        if self.gpu:
+            import torch
+
+            torch.cuda.ipc_collect()
+
+    def _warm_all(self, shape, labels, slots, settings) -> tuple[dict, dict]:
+        """Each launcher's first launch (compiling: untimed), then its warm-up: the typical
+        time of one launch, and the candidates that fell off a cliff."""
+        estimates, cliffs = {}, {}
+        cliff = getattr(settings, "cliff_ratio", None)
+        for label in self._active(labels):
+            try:
+                self.progress(label, "compile", shape=shape.name)
+                slots.refill(1, 0)
+                self.launchers[label].ask({"op": "prime"}, timeout_s=max(self.reply_s, 600))
+                self.launchers[label].stop()
+                if label == INCUMBENT:
+                    for check in (0, 1):
+                        self._calibrate(slots, shape, check)
+                self.progress(label, "time", shape=shape.name)
+                give_up = (cliff * estimates[INCUMBENT]
+                           if cliff and INCUMBENT in estimates and label not in self.unverified
+                           else None)
+                estimates[label] = self._warm(label, slots, shape, settings, give_up)
+                if give_up is not None and estimates[label] > give_up:  # a slow start is no cliff
+                    estimates[label] = self._warm(label, slots, shape, settings, give_up)
+                if give_up is not None and estimates[label] > give_up:
+                    cliffs[label] = estimates.pop(label) / estimates[INCUMBENT]
+            except LauncherFailed as exc:
+                self._lost(exc)
+        return estimates, cliffs
+
+    def _rounds(self, shape, labels, slots, n, settings, checked) -> dict:
+        rounds = {label: [] for label in labels}
+        for r in range(settings.rounds):
+            order = labels if r % 2 == 0 else list(reversed(labels))
+            for label in order:
+                if label not in self._active(labels):
+                    continue
+                self.progress(label, "time", shape=shape.name)
+                try:
+                    samples = []
+                    for _attempt in range(6 + self._per_round):
+                        ms = self._batch(label, slots, n, label not in self.unverified, shape,
+                                         r, checked)
+                        if ms is not None:
+                            samples.append(ms)
+                        if len(samples) == self._per_round:
+                            break
+                    rounds[label].append(samples or [float("nan")])
+                except LauncherFailed as exc:
+                    self._lost(exc)
+        return {label: r for label, r in rounds.items() if label in self._active(labels)}
+
+    def _shape_result(self, shape, inputs, rounds, n, checked, cliffs) -> dict:
+        done = traffic.of(self.contract, shape, Path(self.spec["contract_folder"]).name)
+        floor = roofline.floor_ms(done.bytes, done.flops, self.ceilings) if self.ceilings else None
+        return {"bytes": done.bytes, "flops": done.total_flops, "flops_by_unit": done.flops,
+                "floor_ms": floor, "bucket": self._bucket(inputs, shape),
+                "held_back": shape.held_back, "reps": n, "rounds": rounds,
+                "host_us": {}, "pad_us": max(self.pads.values(), default=0.0),
+                "checked": {label: c.to_json() for label, c in checked.items()},
+                "cliffs": cliffs, "fresh_ratio": {},
+                "overhead_ms": {k[1]: v for k, v in self.overhead.items() if k[0] == shape.name}}
+
+    # ---- the whole run --------------------------------------------------------------------
+    def time_pass(self, labels: list[str], seed: int, cliffs: bool = True) -> dict:
+        settings = self.settings if cliffs else Measure(**{**vars(self.settings),
+                                                           "cliff_ratio": None})
+        shapes = {}
+        for index, raw in enumerate(self.spec["shapes"]):
+            shape = Shape.from_dict(raw)
+            if INCUMBENT not in self._active(labels):
+                break
+            timed = self._time_shape(shape, labels, seed, index, settings)
+            if timed is not None:
+                shapes[shape.name] = timed
+        return {"labels": labels, "shapes": shapes}
+
+    def run(self) -> dict:
+        env = envinfo.capture(self.gpu)
+        self.ceilings = (ceilings.get(Path(self.spec["ceilings_cache"]), env, ceilings_clock())
+                         if self.gpu else None)
+        labels, seed = self.labels, self.spec.get("seed", 0)
+        passes = [self.time_pass(labels, seed)]
+        best = None
+        candidates = [label for label in labels[2:] if label not in self.failed]
+        if self.select and len(candidates) > 1 and passes[0]["shapes"]:
+            best = _fastest(passes[0], candidates, self.spec["headline"],
+                            self.spec.get("regression_tolerance", 0.0))
+            passes.append(self.time_pass([INCUMBENT, CONTROL, best], seed + 1, cliffs=False))
+        elif len(candidates) == 1:
+            best = candidates[0]
+        reps = next(iter(passes[-1]["shapes"].values()), {}).get("reps", 0)
+        return {"environment": env, "ceilings": self.ceilings,
+                "failed": {k: v for k, v in self.failed.items() if k in labels},
+                "passes": passes, "best": best, "method": self._method(reps, len(passes))}
+
+    def _method(self, reps: int, passes: int) -> dict:
+        clock = ({"clock": "simulated: kernel.py's simulated_ms (perfloop's test kernels only; "
+                           "nothing was timed)"} if self.simulated is not None
+                 else self.clock.describe())
+        return {**clock, **vars(self.settings), "reps_per_round": reps,
+                "batch": "each variant in a launcher process of its own; per round one batch "
+                         "of N launches on N slots of inputs drawn afresh for the batch",
+                "order": "alternating, reversed every round",
+                "verified": f"{CHECKS_PER_BATCH} launches per batch, chosen at random, against "
+                            "the float64 reference computed by the trusted timer",
+                "selection": "best candidate re-timed in fresh rounds" if passes > 1
+                else "single pass"}
+
+    def close(self) -> None:
+        for launcher in self.launchers.values():
+            launcher.kill()
+        spawn.kill_descendants(spare=self._own)  # torch's manager may serve a process after us
+
+
+def _group(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
+def _own_helpers() -> set[int]:
+    """The processes the timer itself runs below it: torch's shared-memory manager, started
+    here by sharing a first tensor, before any launcher."""
+    import torch
+    import torch.multiprocessing
+
+    torch.multiprocessing.set_sharing_strategy("file_system")
+    torch.zeros(1).share_memory_()
+    return set(spawn.descendants())
+
+
+def ceilings_clock():
+    from perfloop.referee.clock import CudaClock
+
+    return CudaClock()
+
+
+def _describe_mismatch(failure: dict) -> str:
+    if failure.get("error"):
+        return failure["error"]
+    which = f"output {failure['output']}: " if "output" in failure else ""
+    return (f"{which}{failure['non_finite']} non-finite, {failure['outside_tolerance']} outside "
+            f"atol={failure['atol']} rtol={failure['rtol']}, relative error "
+            f"{failure['rel_err']:.3g}")
+
+
+def _fastest(first_pass: dict, candidates: list[str], headline: str, tolerance: float) -> str:
+    """The candidate to carry into the decision: the fastest at the headline among those no
+    slower than the incumbent (beyond `tolerance`) at any shape; the fastest at the headline
+    when every candidate loses somewhere (the decision then reverts, saying where)."""
+    ratios = {label: {} for label in candidates}
+    for name, shape in first_pass["shapes"].items():
+        inc = [statistics.median(r) for r in shape["rounds"][INCUMBENT]]
+        for label in candidates:
+            if label in shape["rounds"]:
+                mine = [statistics.median(r) for r in shape["rounds"][label]]
+                ratios[label][name] = stats.compare(inc, mine).ratio
+    alive = [c for c in candidates if ratios[c]]
+    safe = [c for c in alive if max(ratios[c].values()) <= 1 + tolerance]
+    return min(safe or alive or candidates,
+               key=lambda label: ratios[label].get(headline, float("inf")))
+
+
+def main(spec_path: str) -> int:
+    guard_parent()
+    spawn.become_subreaper()  # a launcher's daemons come back here, and die with the timer
+    if not Path(spec_path).exists() and not wait_for_task(Path(spec_path)):
+        return 3  # started ahead for an experiment that never came
+    raw = Path(spec_path).read_bytes()
+    spec = json.loads(raw)
+    progress = Progress(Path(spec["progress"]))
+    try:
+        timer = Timer(spec)
+    except UserError as exc:  # the contract itself is wrong (traffic()): its one line
+        progress(None, "contract", reason=str(exc))
+        return 6
+    except LauncherFailed as exc:
+        progress(exc.label, "failed", reason=exc.reason)
+        return 5
+    try:
+        timer.wait_for_go()
+        result = timer.run()
+    except LauncherFailed as exc:  # the incumbent itself failed: nothing can be compared
+        progress(exc.label, "failed", reason=exc.reason)
+        return 5
+    except hooks.ContractError as exc:  # a hook declared wrongly voids the benchmark
+        progress(INCUMBENT, "failed", reason=str(exc))
+        return 5
+    finally:
+        timer.close()
+        if spec.get("imports_out"):
+            from perfloop.core.imports import imported_files
+
+            Path(spec["imports_out"]).write_text(json.dumps(imported_files()))
+    write_json(Path(spec["out"]), {**result, "spec": digest(raw)})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

@@ -1,0 +1,32 @@
+"""Children started ahead: while one experiment is timed, the next one's judge processes and
+timer start, import pytest, torch and cuda.tile, and wait for their task (GPU kernels in a run
+of several experiments only: a CPU kernel's wall clock would feel them starting)."""
+
+from __future__ import annotations
+
+from perfloop.measure import judge, phases
+from perfloop.store.session import Session
+
+
+def start(s: Session) -> None:
+    """Start the next experiment's judge processes and timer now, when the caller runs several
+    experiments and the rules want them."""
+    rules = s.playbook.rules  # (the run's pinned rules, once it has a state)
+    if not (s.ahead and rules.start_ahead and s.spec.requires_gpu):
+        return
+    env = phases.child_env(s.playbook_dir)
+    if s.judges is None:
+        s.judges = judge.start_judges(
+            s.root / s.spec.judge_rel, cwd=s.root, work=s.work / "ahead", env=env,
+            processes=rules.judge_processes, confinement=s.confinement())
+    if s.timer is None:
+        s.timer = phases.start_timer_ahead(cwd=s.root, work=s.work / "ahead", env=env)
+
+
+def discard(s: Session) -> None:
+    """Kill what was started ahead for an experiment that will not come."""
+    if s.judges is not None:
+        s.judges.discard()
+    if s.timer is not None:
+        s.timer[1].kill()
+    s.judges = s.timer = None

@@ -1,0 +1,84 @@
+"""perfloop.kernel_tools: the launcher, kernel-object, grid and inputs boilerplate the shipped
+kernels share (their GPU behaviour is checked by their own GPU tests)."""
+
+import json
+
+import pytest
+import torch
+
+from perfloop import kernel_tools as kt
+
+
+def test_the_public_path_is_the_core_module():
+    from perfloop.core import kernel_tools
+
+    assert kt is kernel_tools
+
+
+def test_a_launcher_is_built_once_per_set_of_knobs_with_lists_as_tuples(tmp_path):
+    knobs_file = tmp_path / "knobs.json"
+    knobs_file.write_text(json.dumps({"tile": [1, 1024], "occupancy": None}))
+    built = []
+
+    def build(knobs):
+        built.append(knobs)
+        return lambda inputs, out: knobs
+
+    launcher = kt.launchers(build, knobs_file)
+    assert launcher() is launcher() and launcher(None) is launcher()
+    assert built == [{"tile": (1, 1024), "occupancy": None}]
+    knobs_file.write_text(json.dumps({"tile": [1, 64], "occupancy": None}))
+    launcher()   # the file is read once, at the first call
+    assert len(built) == 1
+    mine = launcher({"occupancy": 2, "tile": [2, 64]})
+    assert mine is launcher({"tile": [2, 64], "occupancy": 2})   # key order does not matter
+    assert mine(None, None) == {"occupancy": 2, "tile": (2, 64)} and len(built) == 2
+
+
+def test_one_kernel_object_per_set_of_hints(monkeypatch):
+    ct = pytest.importorskip("cuda.tile")
+
+    made = []
+    monkeypatch.setattr(ct, "kernel", lambda fn, **hints: made.append(hints) or object())
+
+    def body(x):
+        pass
+
+    kernel_object = kt.kernel_objects(body)
+    assert kernel_object(4) is kernel_object(4, None) is kernel_object(occupancy=4)
+    assert kernel_object(None, 2) is not kernel_object(4, 2)
+    assert kernel_object() is kernel_object(None, None)
+    assert made == [{"occupancy": 4}, {"num_ctas": 2}, {"occupancy": 4, "num_ctas": 2}, {}]
+
+
+def test_a_persistent_grid_has_at_most_per_sm_blocks_on_every_sm(monkeypatch):
+    monkeypatch.setattr(kt, "sm_count", lambda index: 132 if index == 0 else 8)
+    cpu, second = torch.device("cpu"), torch.device("cuda", 1)
+    assert kt.grid(1000, False, 4, cpu) == (1000,)
+    assert kt.grid(1000, True, 4, cpu) == (528,)
+    assert kt.grid(100, True, 4, cpu) == (100,)
+    assert kt.grid(1000, True, 2, second) == (16,)
+
+
+def test_draws_repeat_torchs_own_draws_for_a_seed():
+    draw = kt.Draws(5, "cpu")
+    a, u, b = draw.normal((3, 4)), draw.uniform((3, 1)), draw.normal(4)
+    g = torch.Generator(device="cpu").manual_seed(5)
+    assert torch.equal(a, torch.randn((3, 4), generator=g, dtype=torch.float32))
+    assert torch.equal(u, torch.rand((3, 1), generator=g))
+    assert torch.equal(b, torch.randn(4, generator=g, dtype=torch.float32))
+    assert a.dtype == torch.float32 and not torch.equal(a, kt.Draws(6, "cpu").normal((3, 4)))
+
+
+def test_dtypes_and_tma_codes():
+    assert kt.dtypes() == {"bfloat16": torch.bfloat16, "float16": torch.float16,
+                           "float32": torch.float32}
+    assert kt.dtypes(("float16",)) == {"float16": torch.float16}
+    assert kt.TMA_CODE == {None: -1, False: 0, True: 1}
+
+
+def test_array_constraints_are_row_contiguous():
+    pytest.importorskip("cuda.tile")
+    assert kt.array("float16").stride_constant == (None, 1)
+    assert kt.array("float32", 1).stride_constant == (1,)
+    assert kt.array("bfloat16", 3).ndim == 3

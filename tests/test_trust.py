@@ -1,0 +1,178 @@
+"""Kernel code never shares a process with a verdict: each kind of attack an agent paid for speed
+has been seen to try (perfloop issue 28), tried here by the scripted kernel's `mode` knob (an
+edit to kernel code), and none of them recorded as a keep of a wrong or a not-faster kernel.
+
+The references and the verdict come from processes that never import kernel code, the clock
+is the trusted timer's, each variant runs in a launcher of its own, every timed launch runs on
+inputs drawn for it, and what kernel code runs in is confined (Landlock, where the kernel has
+it) and killed when its turn or phase ends. docs/threat-model.md says what each test guards.
+"""
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+from conftest import Scratch
+
+from perfloop.core import sandbox
+
+LANDLOCK = pytest.mark.skipif(sandbox.abi() < 1, reason="this kernel has no Landlock")
+REAL_CLOCK = {"SCRIPTED_REAL_CLOCK": "1"}   # launches sleep their scripted time; wall clock
+
+
+def _step(scratch: Scratch, mode: str, *, env: dict | None = None, script=None) -> dict:
+    """The incumbent before, and the experiment of an agent step that sets the kernel's mode."""
+    if script is not None:
+        scratch.script(script)
+        scratch.commit_all("script")
+    code, out, err = scratch.cli("init", "--kernel", "scripted", env=env)
+    assert code == 0, (out["experiment"]["reason"] if out else None, err)
+    knobs = scratch.kernel / "knobs.json"
+    knobs.write_text(knobs.read_text().replace('"mode": "ok"', f'"mode": "{mode}"'))
+    code, out, err = scratch.cli("step", "--kernel", "scripted", "--describe", f"mode {mode}",
+                                 env=env)
+    assert code in (0, 1), (out, err)
+    return out["experiment"]
+
+
+def _not_kept(e: dict, *reason: str) -> None:
+    assert e["status"] != "keep", e
+    assert all(r in e["reason"] for r in reason), e["reason"]
+
+
+# ---- references and verdicts come from processes without kernel code --------------------
+@pytest.mark.parametrize("mode", ["forge-torch", "tamper-judge"])
+def test_a_wrong_kernel_that_forges_what_its_own_process_computes_fails(scratch, mode):
+    """forge-torch makes `2 * x` triple in its process (the judge's and the timer's references
+    were once computed beside kernel code); tamper-judge replaces perfloop's comparison there."""
+    e = _step(scratch, mode)
+    _not_kept(e, "correctness failed")
+    assert e["correctness"] == "FAIL"
+
+
+def test_a_wrong_kernel_that_feeds_its_judge_right_outputs_fails_where_it_is_timed(scratch):
+    """It delivers doubled outputs to the judge while it triples: the judge passes it, and the
+    trusted timer's checks of launches it cannot tell from the others fail it."""
+    e = _step(scratch, "forge-judge")
+    _not_kept(e, "timed output differs from the reference")
+    assert e["correctness"] == "FAIL"
+
+
+# ---- the clock is the trusted timer's ----------------------------------------------------
+def test_rewriting_the_clocks_of_its_own_process_gains_nothing(scratch):
+    """It makes time.perf_counter run at half speed and time.thread_time stand still, in its
+    process; the wall clock that times it is the trusted timer's."""
+    e = _step(scratch, "tamper", env=REAL_CLOCK)
+    _not_kept(e)
+    assert e["correctness"] == "PASS"  # (its hashing may even cost: "regression")
+
+
+def test_less_work_on_inputs_it_has_seen_gains_nothing(scratch):
+    """It remembers results by the content of its inputs (a tenth of the time when they come
+    again): they never do, every timed launch runs on inputs drawn for it."""
+    e = _step(scratch, "memo", env=REAL_CLOCK)
+    _not_kept(e)
+    assert e["correctness"] == "PASS"  # (hashing its inputs may even cost: "regression")
+
+
+def test_an_honest_edit_thirty_percent_faster_is_kept(scratch):
+    e = _step(scratch, "fast", env=REAL_CLOCK,
+              script=[{"when": {"mode": "fast"}, "factor": {"*": 0.7}}])
+    assert (e["status"], e["correctness"]) == ("keep", "PASS"), e
+    assert e["gain"] > 0.15
+
+
+# ---- what kernel code runs in is confined and ends with its turn --------------------------
+def _digest(folder: Path) -> str:
+    h = hashlib.sha256()
+    for path in sorted(folder.rglob("*.py")):
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+@LANDLOCK
+def test_kernel_code_cannot_write_a_git_hook_or_perfloops_own_source(scratch):
+    package = Path(__file__).resolve().parent.parent / "perfloop"
+    before = _digest(package)
+    e = _step(scratch, "plant")
+    assert e["correctness"] == "PASS"
+    assert not (scratch.path / ".git" / "hooks" / "post-commit").exists()
+    assert _digest(package) == before
+
+
+@LANDLOCK
+def test_a_daemon_left_by_kernel_code_changes_nothing_after_the_step(scratch):
+    """It leaves its session, outlives its process, and two seconds later writes to the run's
+    record, table and state, a branch and a git hook: it is killed when its phase ends (and,
+    confined, could not have written there anyway)."""
+    run = scratch.path / "sandbox" / "scripted"
+    e = _step(scratch, "daemon")
+    assert e["correctness"] == "PASS"
+    files = {name: (run / name).read_bytes()
+             for name in ("experiments.jsonl", "perf_results.md", "state.json")}
+    time.sleep(4)
+    assert {name: (run / name).read_bytes() for name in files} == files
+    assert not (scratch.path / ".git" / "refs" / "heads" / "forged").exists()
+    assert not (scratch.path / ".git" / "hooks" / "post-commit").exists()
+    assert b"forged" not in b"".join(files.values())
+
+
+@LANDLOCK
+def test_code_imported_from_outside_the_repository_never_runs(scratch, tmp_path):
+    """Imported from a folder no experiment commits, it could be swapped after the keep."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "outside_helper.py").write_text("VALUE = 1\n")
+    e = _step(scratch, "outside", env={"SCRIPTED_OUTSIDE": str(outside)})
+    _not_kept(e)
+
+
+def test_perfloops_own_files_changed_since_the_run_started_refuse_the_next_step(scratch):
+    """Where no sandbox kept kernel code from perfloop's source, the change is seen."""
+    code, out, err = scratch.cli("init", "--kernel", "scripted")
+    assert code == 0, err
+    state = scratch.path / "sandbox" / "scripted" / "state.json"
+    raw = json.loads(state.read_text())
+    raw["perfloop_sha256"] = "0" * 64   # as if the files had changed since it was pinned
+    state.write_text(json.dumps(raw))
+    code, out, _ = scratch.cli("step", "--kernel", "scripted", "--opt", "fast_math")
+    assert code == 2 and "perfloop's own source files changed" in out["error"]
+    assert len(scratch.records()) == 1
+
+
+def test_a_child_that_runs_kernel_code_is_confined_where_the_kernel_allows(tmp_path):
+    """The sandbox itself: writes only beneath the allowed folders, reads only the allowed."""
+    if sandbox.abi() < 1:
+        pytest.skip("this kernel has no Landlock")
+    import subprocess
+    import sys
+    import textwrap
+
+    ok, secret = tmp_path / "ok", tmp_path / "secret"
+    ok.mkdir()
+    secret.mkdir()
+    (secret / "s.txt").write_text("secret")
+    code = textwrap.dedent(f"""
+        import os, sys
+        from perfloop.core import sandbox
+        print(sandbox.confine([{str(ok)!r}], sandbox.environment_reads({str(tmp_path)!r})))
+        out = []
+        for what, fn in (("write ok", lambda: open({str(ok / 'a')!r}, "w").write("x")),
+                         ("write secret", lambda: open({str(secret / 'b')!r}, "w").write("x")),
+                         ("read secret", lambda: open({str(secret / 's.txt')!r}).read())):
+            try:
+                fn()
+                out.append(what + ": done")
+            except OSError:
+                out.append(what + ": refused")
+        print(";".join(out))
+        """)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env=env, cwd=tmp_path)
+    lines = result.stdout.strip().splitlines()
+    assert lines[0].startswith("landlock ABI"), result
+    assert lines[1] == "write ok: done;write secret: refused;read secret: refused"
