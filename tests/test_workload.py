@@ -1,0 +1,175 @@
+"""kernel.toml's [workload]: reading it, the buckets it derives, the held-out shapes drawn from
+it, and how a launch in a bucket no benchmark shape fell in is routed (perfloop.core.workload,
+perfloop.core.dispatch, perfloop.core.tuneonce). All pure or in-process: no GPU, no children."""
+
+from __future__ import annotations
+
+import time
+import tomllib
+import warnings
+
+import pytest
+import torch
+
+from perfloop.core import dispatch, tuneonce
+from perfloop.core import workload as W
+from perfloop.core.autotune import DiskCache
+from perfloop.core.shape import Shape
+
+BENCH = (Shape("llama", (16384, 4096), "bfloat16", True), Shape("wide", (2048, 16384), "float16"),
+         Shape("tail", (2, 2048, 5000), "float32"))
+NORMS = """
+[workload]
+dims = ["rows", "hidden"]
+rows = { min = 1, max = 16384 }
+hidden = [2048, 4096, 5120, 8192, 16384]
+dtypes = ["bfloat16", "float16", "float32"]
+held_out = 4
+"""
+
+
+def parse(text: str, bench=BENCH) -> W.Workload:
+    return W.parse(tomllib.loads(text).get("workload"), bench)
+
+
+def test_buckets_are_the_dtype_and_each_varying_dimensions_power_of_two_class():
+    wl = parse(NORMS)
+    assert wl.bucket_keys == ("dtype", "rows", "hidden")
+    # the tail's batch of 2 x 2048 rows counts as 4096 rows
+    assert wl.measured() == ["bfloat16/rows<=16384/hidden<=4096",
+                             "float16/rows<=2048/hidden<=16384",
+                             "float32/rows<=4096/hidden<=8192"]
+
+
+def test_a_dimension_that_never_varies_keys_no_bucket():
+    wl = parse(NORMS.replace('dtypes = ["bfloat16", "float16", "float32"]',
+                             'dtypes = ["bfloat16"]').replace("rows = { min = 1, max = 16384 }",
+                                                              "rows = [4096]"))
+    assert wl.bucket_keys == ("hidden",)
+
+
+def test_the_parent_and_a_launch_read_the_same_bucket():
+    wl = parse(NORMS)
+    for dims, dtype in [((3, 1000), torch.float16), ((16384, 4096), torch.bfloat16),
+                        ((2, 7, 5000), torch.float32)]:
+        shape = Shape("s", dims, str(dtype).removeprefix("torch."))
+        assert W.inputs_bucket(wl, [torch.empty(dims, dtype=dtype)]) == W.shape_bucket(wl, shape)
+
+
+def test_inputs_say_where_a_launch_reads_each_dimension():
+    wl = parse('[workload]\ndims = ["M", "N", "K"]\nM = { min = 1, max = 8192 }\n'
+               'N = [4096]\nK = [4096, 8192]\ndtypes = ["bfloat16"]\n'
+               "inputs = { M = [0, 0], K = [0, 1] }\nbuckets = [\"M\", \"K\"]\n",
+               (Shape("sq", (4096, 4096, 4096), "bfloat16", True),))
+    a, b = torch.empty(64, 8192, dtype=torch.bfloat16), torch.empty(8192, 4096)
+    assert W.inputs_bucket(wl, [a, b]) == "M<=64/K<=8192"
+
+
+def test_held_out_shapes_come_from_the_seed_and_are_never_a_benchmark_shape():
+    wl = parse(NORMS)
+    first = W.draw(wl, 7, BENCH)
+    assert first == W.draw(wl, 7, BENCH) and first != W.draw(wl, 8, BENCH)
+    assert len(first) == 4 and len({(s.dims, s.dtype) for s in first}) == 4
+    assert all(s.held_back and not s.headline for s in first)
+    assert all(s.dims[1] in (2048, 4096, 5120, 8192, 16384) and 1 <= s.dims[0] <= 16384
+               for s in first)
+    # a family of one listed shape, which is also the benchmark's, gives nothing to hold out
+    only = parse('[workload]\n[[workload.shapes]]\ndims = [16384, 4096]\ndtype = "bfloat16"\n')
+    assert W.draw(only, 1, BENCH) == ()
+
+
+def test_a_range_with_multiple_of_stays_a_multiple_inside_the_range():
+    wl = parse(NORMS.replace("rows = { min = 1, max = 16384 }",
+                             "rows = { min = 64, max = 1000, multiple_of = 64 }")
+               .replace("held_out = 4", "held_out = 32"))
+    rows = {s.dims[0] for s in W.draw(wl, 3, BENCH)}
+    assert rows and all(r % 64 == 0 and 64 <= r <= 1000 for r in rows)
+
+
+def test_an_unmeasured_bucket_runs_as_the_nearest_of_its_dtype_before_any_other():
+    measured = parse(NORMS).measured()
+    assert W.nearest("bfloat16/rows<=8192/hidden<=8192", measured) == measured[0]
+    assert W.nearest("float32/rows<=1/hidden<=2048", measured) == measured[2]
+    assert W.nearest("float64/rows<=2048/hidden<=16384", measured) == measured[1]
+    assert W.nearest(measured[1], measured) == measured[1]
+    assert W.nearest("anything", []) is None
+
+
+@pytest.mark.parametrize("text, says", [
+    ('dims = ["r", "h"]\nr = [1]', "no values for h"),
+    ("held_out = 99", "held_out must be an integer from 0 to 32"),
+    ('unseen = "guess"', "unseen must be one of nearest, tune"),
+    ("colour = 1", "has no setting 'colour'"),
+    ('dims = ["r"]\nr = { min = 5, max = 2 }\ndtypes = ["bfloat16"]', "min <= max"),
+    ('dims = ["r"]\nr = [0]\ndtypes = ["bfloat16"]', "positive integers"),
+    ('dims = ["r"]\nr = [4]\ndtypes = []', "non-empty list"),
+    ('dims = ["r"]\nr = [4]\ndtypes = ["bfloat16"]\nbuckets = ["colour"]', "neither"),
+])
+def test_a_wrong_workload_is_one_line_naming_what_is_wrong(text, says):
+    with pytest.raises(W.WorkloadError) as caught:
+        parse("[workload]\n" + text)
+    assert says in str(caught.value) and "\n" not in str(caught.value)
+
+
+# ---- routing a launch -------------------------------------------------------------------------
+def _kernel(tmp_path, unseen: str, delays: dict[str, float]):
+    """A kernel folder with NORMS as its workload, and a build_one whose launch records which
+    knobs ran and takes `delays[tile]` seconds."""
+    shapes = "".join(f'[[shapes]]\nname = "{s.name}"\ndims = {list(s.dims)}\n'
+                     f'dtype = "{s.dtype}"\n' for s in BENCH)
+    (tmp_path / "kernel.toml").write_text(NORMS + f'unseen = "{unseen}"\n' + shapes)
+    ran = []
+
+    def build_one(knobs):
+        def launch(inputs, out):
+            ran.append(knobs["tile"])
+            time.sleep(delays.get(knobs["tile"], 0))
+            out.fill_(knobs["tile"])
+        return launch
+    return build_one, ran
+
+
+KNOBS = {"tile": 1, "dispatch": {"float16/rows<=2048/hidden<=16384": {"tile": 2},
+                                 "float32/rows<=4096/hidden<=8192": {"tile": 3}}}
+
+
+def test_a_launch_in_an_unmeasured_bucket_runs_the_nearest_measured_buckets_knobs(tmp_path):
+    build_one, ran = _kernel(tmp_path, "nearest", {})
+    launch = dispatch.build(KNOBS, build_one, folder=tmp_path)
+    out = torch.empty(1)
+    launch([torch.empty(4096, 16384, dtype=torch.float16)], out)     # near the fp16 bucket
+    launch([torch.empty(16384, 4096, dtype=torch.bfloat16)], out)    # a measured bucket
+    launch([torch.empty(7, 3000, dtype=torch.float32)], out)         # near the fp32 one
+    assert ran == [2, 1, 3]
+    assert launch.routes == {
+        "float16/rows<=4096/hidden<=16384": ("float16/rows<=2048/hidden<=16384",
+                                             "nearest measured bucket"),
+        "float32/rows<=8/hidden<=4096": ("float32/rows<=4096/hidden<=8192",
+                                         "nearest measured bucket")}
+
+
+def test_tune_once_times_the_finalists_keeps_the_fastest_and_caches_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("PERFLOOP_AUTOTUNE_CACHE", str(tmp_path / "cache"))
+    build_one, ran = _kernel(tmp_path, "tune", {1: 0.004, 2: 0.0, 3: 0.002})
+    out = torch.empty(1)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        launch = dispatch.build(KNOBS, build_one, folder=tmp_path)
+        launch([torch.empty(64, 2048, dtype=torch.float32)], out)
+    assert float(out) == 2.0              # the winner wrote the output: tile 2 is fastest
+    assert launch.routes["float32/rows<=64/hidden<=2048"] == ("float16/rows<=2048/hidden<=16384",
+                                                              "tuned once among 3 finalists")
+    assert any(issubclass(w.category, tuneonce.UnseenBucket) for w in said)
+    assert len(list((tmp_path / "cache").glob("*.json"))) == 1
+    ran.clear()  # a new process (a new launch) reads the winner from the disk cache
+    again = dispatch.build(KNOBS, build_one, folder=tmp_path)
+    again([torch.empty(64, 2048, dtype=torch.float32)], out)
+    assert ran == [2] and again.routes["float32/rows<=64/hidden<=2048"][1] == \
+        "tuned once before (disk cache)"
+
+
+def test_a_cached_winner_that_is_no_longer_a_finalist_is_timed_again(tmp_path):
+    cache = DiskCache(tmp_path)
+    ident = {"kernel": "k", "space": ["a", "b"], "key": "x"}
+    cache.put(ident, "c", {})  # written when "c" was a finalist
+    assert cache.get(ident) is None
