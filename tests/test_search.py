@@ -1014,6 +1014,25 @@ def test_a_dispatch_that_loses_on_a_held_back_shape_is_reverted(scratch):
     assert "dispatch" not in json.loads((scratch.kernel / "knobs.json").read_text())
 
 
+def test_a_dispatch_times_the_shapes_drawn_from_a_declared_workload(scratch):
+    """With [workload] and no [[held_back]], the held-back shapes of a dispatch are the ones
+    drawn from the workload with the run's seed."""
+    toml = scratch.kernel / "kernel.toml"
+    toml.write_text(toml.read_text() + '\n[workload]\ndims = ["n"]\nn = [1500, 3000]\n'
+                    'dtypes = ["float32"]\nheld_out = 2\nseed = 5\n')
+    scratch.script([{**SPLIT[0], "factor": {**SPLIT[0]["factor"], "*": 0.8}}])
+    scratch.commit_all("script, workload")
+    assert scratch.cli("init", "--kernel", "scripted")[0] == 0
+    assert json.loads((scratch.path / "sandbox" / "scripted" / "state.json").read_text())[
+        "workload_seed"] == 5
+    assert scratch.cli("step", "--kernel", "scripted", "--opt", "tile_shape")[0] == 0
+    code, out, err = scratch.cli("step", "--kernel", "scripted", "--opt", "dispatch")
+    assert code == 0, err
+    rec = scratch.records()[-1]
+    assert rec["status"] == "keep", rec["reason"]
+    assert set(rec["timing"]["shapes"]) == {"head", "tail", "held:fp32:1500", "held:fp32:3000"}
+
+
 def test_a_cliff_candidate_is_dropped_early_and_the_others_are_decided(scratch):
     scratch.script([{"when": {"occupancy": 2}, "factor": {"*": 15}},
                     {"when": {"occupancy": 8}, "factor": {"*": 0.9}}])

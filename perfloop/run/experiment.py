@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from perfloop.core import dispatch_table as dispatch
-from perfloop.core import naming, progress
+from perfloop.core import naming, progress, workload
 from perfloop.core.faults import crashpoint
 from perfloop.core.kernel import KNOBS, knobs_text
 from perfloop.core.playbook import thaw
@@ -92,9 +92,12 @@ class Trial:
 
     @property
     def shapes(self) -> list:
-        """Every shape timed: the benchmark's, and for a dispatch change the held-back ones."""
+        """Every shape timed: the benchmark's, and for a dispatch change the held-back ones
+        ([[held_back]], and those drawn from a declared workload with the run's seed)."""
         spec = self.s.spec
-        return list(spec.shapes + (spec.held_back if self.dispatching else ()))
+        if not self.dispatching:
+            return list(spec.shapes)
+        return list(spec.shapes) + list(workload.held_out(spec, self.s.state.workload_seed))
 
     @property
     def choosing(self):
