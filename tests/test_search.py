@@ -1014,12 +1014,15 @@ def test_a_dispatch_that_loses_on_a_held_back_shape_is_reverted(scratch):
     assert "dispatch" not in json.loads((scratch.kernel / "knobs.json").read_text())
 
 
+WORKLOAD = ('\n[workload]\ndims = ["n"]\nn = [1500, 3000]\ndtypes = ["float32"]\n'
+            'held_out = 2\nseed = 5\n')
+
+
 def test_a_dispatch_times_the_shapes_drawn_from_a_declared_workload(scratch):
     """With [workload] and no [[held_back]], the held-back shapes of a dispatch are the ones
     drawn from the workload with the run's seed."""
     toml = scratch.kernel / "kernel.toml"
-    toml.write_text(toml.read_text() + '\n[workload]\ndims = ["n"]\nn = [1500, 3000]\n'
-                    'dtypes = ["float32"]\nheld_out = 2\nseed = 5\n')
+    toml.write_text(toml.read_text() + WORKLOAD)
     scratch.script([{**SPLIT[0], "factor": {**SPLIT[0]["factor"], "*": 0.8}}])
     scratch.commit_all("script, workload")
     assert scratch.cli("init", "--kernel", "scripted")[0] == 0
@@ -1029,8 +1032,31 @@ def test_a_dispatch_times_the_shapes_drawn_from_a_declared_workload(scratch):
     code, out, err = scratch.cli("step", "--kernel", "scripted", "--opt", "dispatch")
     assert code == 0, err
     rec = scratch.records()[-1]
-    assert rec["status"] == "keep", rec["reason"]
+    assert rec["status"] == "keep", out["experiment"]["reason"]
     assert set(rec["timing"]["shapes"]) == {"head", "tail", "held:fp32:1500", "held:fp32:3000"}
+
+
+@pytest.mark.parametrize("held_3000, status", [(0.8, "keep"), (1.3, "revert")])
+def test_with_a_workload_every_step_is_checked_at_its_held_out_shapes(scratch, held_3000,
+                                                                     status):
+    """A change 20% faster at every benchmark shape is kept only if no held-out shape of the
+    workload got slower; the row's reason names the one that did."""
+    toml = scratch.kernel / "kernel.toml"
+    toml.write_text(toml.read_text() + WORKLOAD)
+    scratch.script([{"when": {"tile": [1, 2048]},
+                     "factor": {"*": 0.8, "held:fp32:3000": held_3000}}])
+    scratch.commit_all("script, workload")
+    assert scratch.cli("init", "--kernel", "scripted")[0] == 0
+    assert set(scratch.records()[0]["timing"]["shapes"]) == {"head", "guard", "tail"}
+    code, out, err = scratch.cli("step", "--kernel", "scripted", "--opt", "tile_shape",
+                                 "--value", "[1, 2048]")
+    assert code == 0, err
+    rec = scratch.records()[-1]
+    assert set(rec["timing"]["shapes"]) == {"head", "guard", "tail", "held:fp32:1500",
+                                            "held:fp32:3000"}
+    assert rec["status"] == status, out["experiment"]["reason"]
+    if status == "revert":
+        assert "regression on held:fp32:3000" in out["experiment"]["reason"]
 
 
 def test_a_cliff_candidate_is_dropped_early_and_the_others_are_decided(scratch):

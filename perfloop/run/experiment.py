@@ -92,10 +92,13 @@ class Trial:
 
     @property
     def shapes(self) -> list:
-        """Every shape timed: the benchmark's, and for a dispatch change the held-back ones
-        ([[held_back]], and those drawn from a declared workload with the run's seed)."""
+        """Every shape timed: the benchmark's, and the held-back ones ([[held_back]], and
+        those drawn from a declared workload with the run's seed) for a dispatch change and,
+        where the kernel declares a workload, for every experiment but the baseline: a
+        regression at one of them reverts the change (perfloop.plan.decide)."""
         spec = self.s.spec
-        if not self.dispatching:
+        declared = spec.workload is not None and spec.workload.declared
+        if not (self.dispatching or declared and self.kind != Kind.BASELINE):
             return list(spec.shapes)
         return list(spec.shapes) + list(workload.held_out(spec, self.s.state.workload_seed))
 
