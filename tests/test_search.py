@@ -945,12 +945,21 @@ def test_candidates_are_judged_in_processes_side_by_side(scratch, processes):
     code, out, err = scratch.cli("step", "--kernel", "scripted", "--opt", "tile_shape")
     assert code == 0 and out["experiment"]["value"] == [1, 2048], err
     rec = scratch.records()[-1]
+    processes = judge_mod.processes_for(processes)  # (at most one per CPU: 2 in CI)
     assert rec["compile_ahead"]["judge_processes"] == processes
     assert all(o["outcome"] == "ok" for o in rec["outcomes"].values())
     requests = [json.loads(p.read_text()) for p in
                 (scratch.path / "sandbox").rglob("iter-01*/judge-*.json") if "-" not in p.stem[6:]]
     judged = sorted(v["label"] for r in requests for v in r["variants"])
     assert len(requests) == processes and judged == sorted(rec["outcomes"])
+
+
+def test_judge_processes_are_at_most_one_per_cpu(monkeypatch):
+    monkeypatch.setattr(judge_mod.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert [judge_mod.processes_for(n) for n in (0, 1, 2, 8)] == [1, 1, 2, 2]
+    monkeypatch.setattr(judge_mod.os, "sched_getaffinity", lambda pid: set(range(16)),
+                        raising=False)
+    assert judge_mod.processes_for(8) == 8
 
 
 def test_processes_share_whole_variants_or_one_variants_cases():

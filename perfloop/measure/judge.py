@@ -16,6 +16,7 @@ writes it (its name carries a fresh nonce).
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -208,6 +209,17 @@ def _incomplete(res: process.ChildResult, audit: dict) -> str:
         return ("judged a request perfloop did not write (its request file was replaced while "
                 "the process waited for it)")
     return ""
+
+
+def processes_for(requested: int) -> int:
+    """The rules' judge_processes, at most one per CPU this process may run on: each judge
+    process imports torch and pytest and compiles, so more than the CPUs only queue (on the
+    2-core CPU machine, 6 processes for 6 candidates took twice the CPU time of 2)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return max(1, min(requested, cpus))
 
 
 def split(variants: list[dict], processes: int,

@@ -18,7 +18,7 @@ def start(s: Session) -> None:
     if s.judges is None:
         s.judges = judge.start_judges(
             s.root / s.spec.judge_rel, cwd=s.root, work=s.work / "ahead", env=env,
-            processes=rules.judge_processes, confinement=s.confinement())
+            processes=judge.processes_for(rules.judge_processes), confinement=s.confinement())
     if s.timer is None:
         s.timer = phases.start_timer_ahead(cwd=s.root, work=s.work / "ahead", env=env)
 

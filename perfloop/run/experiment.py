@@ -246,7 +246,8 @@ def _judge(t: Trial, env: dict, timer, warmers: list) -> None:
         judged = judge.judge(
             s.root / s.state.judge, t.candidates, cwd=s.root, work=t.work,
             deadline=t.deadline, stall_s=t.rules.stall_timeout_s, env=env,
-            processes=t.rules.judge_processes, share_cases=s.spec.requires_gpu,  # its cases compile
+            processes=judge.processes_for(t.rules.judge_processes),
+            share_cases=s.spec.requires_gpu,  # its cases compile
             contract={"folder": str(s.spec.folder), "copy": str(t.contract_dir)}, pool=pool,
             confinement=s.confinement()
         ) if t.candidates else judge.JudgeResult(detail="none left to judge")
