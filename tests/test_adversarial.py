@@ -127,9 +127,20 @@ def test_bytecode_planted_beside_the_judge_is_never_loaded(scratch):
     _assert_not_kept(scratch, before, out, "correctness failed")  # the real judge's verdict
 
 
-def test_kernel_code_imported_from_outside_its_folder_does_not_count(scratch):
+@pytest.mark.parametrize("confine, reason", [
+    ("write", "differs from the run's base commit"),       # reads unconfined: the imports check
+    ("read-write", "a test failed in the kernel pass"),    # (the default) it cannot even read it
+])
+def test_kernel_code_imported_from_outside_its_folder_does_not_count(scratch, confine, reason):
     """Code the experiment's commit would not hold (here a helper in the ignored sandbox/)
-    makes the verdict meaningless: the imports of both children are checked afterwards."""
+    makes the verdict meaningless: where reads are confined (Landlock) kernel code cannot read
+    it; where they are not, the imports of both children are checked afterwards."""
+    from perfloop.core import sandbox
+
+    if confine == "read-write" and not sandbox.abi():
+        pytest.skip("this kernel has no Landlock: reads are not confined")
+    scratch.rules(confine=f'"{confine}"')
+    scratch.commit_all("rules")
     before = _started(scratch)
     (scratch.path / "sandbox" / "helper.py").write_text("FACTOR = 2\n")
     source = scratch.kernel / "kernel.py"
@@ -138,8 +149,7 @@ def test_kernel_code_imported_from_outside_its_folder_does_not_count(scratch):
                           'import helper  # noqa: E402\n\nDEVICE = "cpu"'))
     code, out, err = scratch.cli("step", "--kernel", "scripted", "--describe", "helper elsewhere")
     assert code == 0, err
-    e = _assert_not_kept(scratch, before, out, "sandbox/helper.py")
-    assert "differs from the run's base commit" in e["reason"]
+    _assert_not_kept(scratch, before, out, reason)
 
 
 def test_laxer_rules_through_another_playbook_are_refused(scratch):
@@ -214,17 +224,22 @@ def test_a_kernel_that_skips_a_judge_case_it_would_fail_is_not_kept(scratch):
     _assert_not_kept(scratch, before, out, "correctness failed", "n=5", "no output")
 
 
-def test_judge_and_timer_give_kernel_code_the_same_environment(scratch, tmp_path):
-    dumps = tmp_path / "env"
-    dumps.mkdir()
+def test_judge_and_timer_give_kernel_code_the_same_environment(scratch):
     before = _started(scratch)
     _set_mode(scratch, "env")
+    # each child may write only its own folder, sandbox/.../k-<nonce>: it dumps into its TMPDIR
     code, out, err = scratch.cli("step", "--kernel", "scripted", "--describe", "look around",
-                                 env={"SCRIPTED_ENV_DUMP": str(dumps)})
+                                 env={"SCRIPTED_ENV_DUMP": "$TMPDIR"})
     assert code == 0, err
-    seen = [json.loads(p.read_text()) for p in sorted(dumps.glob("*.json"))]
-    assert len(seen) >= 2                       # built in the judge and in the timing worker
-    assert all(env == seen[0] for env in seen)  # nothing tells them apart
+    dumps = sorted((scratch.path / "sandbox").glob("scripted/work/iter-01*/k-*/tmp/*.json"))
+    seen = []
+    for path in dumps:  # the child's own folder, named the same in each
+        own = str(path.parent.parent)
+        seen.append({k: v.replace(own, "<own>") for k, v in json.loads(path.read_text()).items()})
+    assert len(seen) >= 2                       # built in the judge and in a timer's launcher
+    assert all(env == seen[0] for env in seen), [  # nothing tells them apart
+        {k: (e.get(k), seen[0].get(k)) for k in set(e) ^ set(seen[0]) | {
+            k for k in e if e[k] != seen[0].get(k)}} for e in seen]
     assert not any(k.startswith("PERFLOOP_") and k != "PERFLOOP_PLAYBOOK" for k in seen[0])
     assert seen[0]["PERFLOOP_PLAYBOOK"] == str(scratch.path / "playbook")  # --playbook reaches them
     assert scratch.head() != before["head"] or out["experiment"]["status"] != "keep"

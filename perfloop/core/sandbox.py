@@ -149,6 +149,19 @@ def environment_reads(root) -> list[str]:
     return sorted({os.path.realpath(p) for p in places if p})
 
 
+def linked_cache(folder, shared) -> str:
+    """The compile cache of a child working in `folder` that shares `shared` (its code's
+    cache, which warmers fill for the timer's launchers): at the same place in its folder as
+    any other child's, <folder>/cache/cutile, so no variable of its environment tells a timed
+    launch from a judged one; a link to `shared`, where it writes (Landlock follows it)."""
+    os.makedirs(shared, exist_ok=True)
+    cache = os.path.join(os.path.realpath(str(folder)), "cache")
+    os.makedirs(cache, exist_ok=True)
+    link = os.path.join(cache, "cutile")
+    os.symlink(os.path.realpath(str(shared)), link)
+    return link
+
+
 def child_environment(env: dict, folder, *, reads: list, root, confined: bool = True) -> dict:
     """`env` for a child that runs kernel code, working in `folder` (made here): its
     temporary files and caches there, and, when `confined`, PERFLOOP_CONFINE naming `folder`

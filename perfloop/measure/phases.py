@@ -23,7 +23,7 @@ from perfloop.core import progress, stats
 from perfloop.core.atomic import digest, json_bytes, write_bytes, write_json
 from perfloop.core.kernel import code_digest
 from perfloop.core.playbook import Rules, thaw
-from perfloop.core.sandbox import Confinement, kernel_env
+from perfloop.core.sandbox import Confinement, kernel_env, linked_cache
 from perfloop.core.vocab import CONTROL, INCUMBENT, Outcome
 from perfloop.measure import process
 
@@ -218,8 +218,8 @@ def start_warmers(variants: list[dict], shapes: list[dict], *, processes: int, c
             spec = folder / "warm.json"
             write_json(spec, {"contract_folder": str(contract), "shapes": shapes,
                               "variants": variants_json(group[i::share])})
-            mine = kernel_env({**env, "CUDA_TILE_CACHE_DIR": str((cache or work / "cache")
-                                                                 / code)},
+            shared = (cache or work / "cache") / code
+            mine = kernel_env({**env, "CUDA_TILE_CACHE_DIR": linked_cache(folder, shared)},
                               folder, cwd, confinement)
             running.append(process.start(process.python(cwd, "perfloop.child.warm", str(spec)),
                                          log=folder / "warm.log", env=mine, cwd=cwd))

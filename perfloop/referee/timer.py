@@ -32,7 +32,7 @@ from perfloop.core.errors import UserError
 from perfloop.core.kernel import Shape, code_digest, import_module
 from perfloop.core.lifeline import guard_parent, wait_for_task
 from perfloop.core.playbook import Measure
-from perfloop.core.sandbox import Confinement, kernel_env
+from perfloop.core.sandbox import Confinement, kernel_env, linked_cache
 from perfloop.core.values import freeze
 from perfloop.core.vocab import CONTROL, INCUMBENT, Outcome
 from perfloop.referee import ceilings
@@ -101,8 +101,8 @@ class Timer:
         conf = self.spec.get("confinement") or {}
         confinement = Confinement(conf.get("mode", "off"), tuple(conf.get("reads", ())))
         code = v.get("folder") or self.spec["contract_folder"]
-        env = {**os.environ, "CUDA_TILE_CACHE_DIR": str(Path(self.spec.get("cache", work))
-                                                        / code_digest(Path(code)))}
+        shared = Path(self.spec.get("cache", work)) / code_digest(Path(code))
+        env = {**os.environ, "CUDA_TILE_CACHE_DIR": linked_cache(folder, shared)}
         return kernel_env(env, folder, self.spec["root"], confinement)
 
     def _fork_launchers(self, variants: list[dict]) -> dict:

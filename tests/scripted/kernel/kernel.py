@@ -20,7 +20,8 @@ kernel can see for itself: how often a built launcher was called and how large i
   tamper           replaces perfloop's clock functions in its process with ones that report
                    half the time
   tamper-judge     triples, and replaces perfloop's output comparison with one that always passes
-  env              writes its environment to $SCRIPTED_ENV_DUMP/<pid>.json, then doubles
+  env              writes its environment to $SCRIPTED_ENV_DUMP/<pid>.json (variables in
+                   it expanded), then doubles
   compile-error    raises when built, as a kernel that fails to compile does
   exit-at-N        ends the process with status 0 (os._exit) when given exactly N values: a
                    size the judge has and the timer has not, so its later cases never run
@@ -116,7 +117,7 @@ def _build_one(knobs: dict):
         sys.path.insert(0, os.environ["SCRIPTED_OUTSIDE"])
         __import__("outside_helper")
     if mode == "env" and os.environ.get("SCRIPTED_ENV_DUMP"):
-        dump = Path(os.environ["SCRIPTED_ENV_DUMP"]) / f"{os.getpid()}.json"
+        dump = Path(os.path.expandvars(os.environ["SCRIPTED_ENV_DUMP"])) / f"{os.getpid()}.json"
         dump.write_text(json.dumps(dict(os.environ), sort_keys=True))
 
     def launch(inputs, out):
