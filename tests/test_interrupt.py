@@ -25,7 +25,7 @@ RECORDED = ("record", "git", "table")
 
 def ctrl_c_at(scratch, phase: str, iteration: int, *args: str):
     """The command, with a Ctrl-C sent to its process group at `phase` of `iteration`."""
-    at = phase if phase == "committed" else f"{phase}@{iteration}"
+    at = phase if phase in ("committed", "branched") else f"{phase}@{iteration}"
     return answer(spawn(scratch.path, *args, env={"PERFLOOP_CRASH_AT": at,
                                                   "PERFLOOP_CRASH_SIGNAL": "INT"}), timeout=600)
 

@@ -34,8 +34,7 @@ def _start(scratch, judge: Path, work: Path, processes: int) -> judge_mod.JudgeP
 
 
 def _requests(folder: Path) -> list[dict]:
-    return [json.loads(p.read_text()) for p in folder.glob("judge-*.json")
-            if "-" not in p.stem[6:]]
+    return [json.loads(p.read_text()) for p in folder.glob("k-*/request.json")]
 
 
 def test_judges_started_ahead_give_the_verdict_of_judges_started_then(scratch, tmp_path):
@@ -133,7 +132,8 @@ def test_children_start_ahead_only_for_a_gpu_kernel_in_a_run_of_several_experime
     s.ahead = True
     ahead.start(s)
     try:
-        assert s.judges is not None and len(s.judges.ready) == s.playbook.rules.judge_processes
+        assert s.judges is not None and len(s.judges.ready) == judge_mod.processes_for(
+            s.playbook.rules.judge_processes)  # (at most one per CPU)
         waiting = [running for _, running in s.judges.ready] + [s.timer[1]]
     finally:
         ahead.discard(s)

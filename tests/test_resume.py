@@ -169,7 +169,7 @@ def test_ctrl_c_while_judging_in_parallel_kills_every_judge_at_once(scratch):
     work = scratch.path / "sandbox/scripted/work"
     deadline = time.monotonic() + 60
     def requests():
-        return [p for p in work.glob("iter-01-*/judge-*.json") if p.stem.count("-") == 1]
+        return list(work.glob("iter-01-*/k-*/request.json"))
 
     while len(requests()) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)

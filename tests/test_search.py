@@ -949,7 +949,7 @@ def test_candidates_are_judged_in_processes_side_by_side(scratch, processes):
     assert rec["compile_ahead"]["judge_processes"] == processes
     assert all(o["outcome"] == "ok" for o in rec["outcomes"].values())
     requests = [json.loads(p.read_text()) for p in
-                (scratch.path / "sandbox").rglob("iter-01*/judge-*.json") if "-" not in p.stem[6:]]
+                (scratch.path / "sandbox").rglob("iter-01*/k-*/request.json")]
     judged = sorted(v["label"] for r in requests for v in r["variants"])
     assert len(requests) == processes and judged == sorted(rec["outcomes"])
 
@@ -988,8 +988,7 @@ def test_one_candidates_cases_are_judged_once_each_in_shards_side_by_side(scratc
     res = _judge_in_shards(scratch, tmp_path, c0="ok")
     assert res.processes == 4 and res.passed == {"c0": True} and not res.crashed
     assert sorted(c["case"] for c in res.cases["c0"]) == ["n=1", "n=1000", "n=5"]
-    shards = [json.loads(p.read_text())["shard"] for p in tmp_path.glob("judge-*.json")
-              if "-" not in p.stem[6:]]
+    shards = [json.loads(p.read_text())["shard"] for p in tmp_path.glob("k-*/request.json")]
     assert sorted(map(tuple, shards)) == [(k, 4) for k in range(4)]
 
 
@@ -1005,8 +1004,7 @@ def test_a_case_failed_or_cut_short_in_one_shard_fails_or_rejudges_the_whole_can
     assert [c["case"] for c in res.cases["wrong"] if not c["passed"]] == ["n=1000"]
     assert "quits" not in res.passed and "without finishing" in res.crashed["quits"]
     assert "stops" not in res.passed and "ended after 1 of 3 cases" in res.crashed["stops"]
-    requests = [json.loads(p.read_text()) for p in tmp_path.glob("judge-*.json")
-                if "-" not in p.stem[6:]]
+    requests = [json.loads(p.read_text()) for p in tmp_path.glob("k-*/request.json")]
     whole = sorted(v["label"] for r in requests if "shard" not in r for v in r["variants"])
     assert len(requests) == 8 and whole == ["quits", "stops"]
 
