@@ -107,7 +107,7 @@ def test_a_crash_is_recorded_and_the_loop_goes_on(scratch):
 
 
 def test_a_hang_past_the_time_limit_is_killed_and_recorded_as_crash(scratch):
-    scratch.rules(iteration_timeout_s="6")
+    scratch.rules(iteration_timeout_s="25")  # (a baseline takes 10-15 s on the CPU machine)
     scratch.add_optimization("inject_hang", "mode", ["hang-after-10"])
     scratch.commit_all("catalog")
     assert scratch.cli("init", "--kernel", "scripted")[0] == 0
@@ -115,7 +115,7 @@ def test_a_hang_past_the_time_limit_is_killed_and_recorded_as_crash(scratch):
     code, out, _ = scratch.cli("step", "--kernel", "scripted", "--opt", "inject_hang")
     assert code == 0 and out["experiment"]["status"] == "crash"
     assert "time limit" in out["experiment"]["reason"]
-    assert time.monotonic() - started < 30
+    assert time.monotonic() - started < 60
     assert out["experiment"]["correctness"] == "PASS"
 
 
