@@ -94,7 +94,7 @@ def test_a_step_shows_the_judge_and_the_timing_only_when_asked(scratch):
                               PERFLOOP_PROGRESS="1")
     assert code == 0 and ANSI not in out and "judge" not in out
     assert out.splitlines()[0].startswith("iteration 2 ") and len(out.splitlines()) == 2
-    for words in ("iteration 2", "tile_shape", "judge", "cases checked", "timing"):
+    for words in ("iteration 2", "tile_shape", "judge", "cases run", "timing"):
         assert words in err, words
     # under --json, never: one JSON object and an empty stderr, forced or not
     for env in ({}, {"PERFLOOP_PROGRESS": "1"}):
