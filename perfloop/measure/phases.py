@@ -37,6 +37,10 @@ def child_env(playbook_dir: Path) -> dict:
     env["PERFLOOP_PLAYBOOK"] = str(playbook_dir)
     env["PYTHONUNBUFFERED"] = "1"
     env.pop("PERFLOOP_CRASH_AT", None)  # fault injection is for the parent only
+    # any git a child runs (pytest-benchmark's `git describe --dirty` rewrites the index) runs
+    # no repository hook, as perfloop's own (perfloop.store.gitops.NO_HOOKS)
+    env["GIT_CONFIG_PARAMETERS"] = " ".join(
+        p for p in (env.get("GIT_CONFIG_PARAMETERS"), "'core.hooksPath=/dev/null'") if p)
     for name in ("PYTEST_VERSION", "PYTEST_CURRENT_TEST"):  # the judge hides pytest's own too
         env.pop(name, None)
     return env
