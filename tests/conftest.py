@@ -153,6 +153,8 @@ class Scratch:
 
     def all_records(self) -> list[dict]:
         path = self.path / "sandbox" / "scripted" / "experiments.jsonl"
+        if not path.exists():  # (no run yet)
+            return []
         return [json.loads(line) for line in path.read_text().splitlines()]
 
     def records(self) -> list[dict]:
