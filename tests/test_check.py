@@ -11,12 +11,18 @@ from perfloop.core import variants
 pytest.importorskip("cuda.tile")
 
 
-def test_a_variant_that_cannot_compile_is_named(tmp_path):
+def _broken_repo(tmp_path):
+    """A repository holding tests/broken's kernel, one of whose tiles cannot compile."""
     repo = tmp_path / "repo"
     shutil.copytree(ROOT / "tests" / "broken" / "kernel", repo / "kernels" / "broken")
     (repo / "tests").mkdir()
     (repo / "tests" / "judge_broken.py").write_text("")
     git(repo.parent, "init", "-q", str(repo))
+    return repo
+
+
+def test_a_variant_that_cannot_compile_is_named(tmp_path):
+    repo = _broken_repo(tmp_path)
     from test_cli_errors import human
 
     code, out, err = human(repo, "check", "--kernel", "kernels/broken", "--arch", "sm_90")
@@ -105,11 +111,7 @@ def test_a_sample_holds_every_value_then_n_more_seeded_rows_of_the_pairwise_set(
 
 
 def test_check_sample_compiles_a_subset_and_says_what_it_covers(tmp_path):
-    repo = tmp_path / "repo"
-    shutil.copytree(ROOT / "tests" / "broken" / "kernel", repo / "kernels" / "broken")
-    (repo / "tests").mkdir()
-    (repo / "tests" / "judge_broken.py").write_text("")
-    git(repo.parent, "init", "-q", str(repo))
+    repo = _broken_repo(tmp_path)
     from test_cli_errors import human
 
     code, out, err = human(repo, "check", "--kernel", "kernels/broken", "--arch", "sm_90",
