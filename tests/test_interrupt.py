@@ -8,11 +8,10 @@ experiment at the next phase), so that the phases cost one run, not one each."""
 import json
 import os
 import signal
-import time
 
 import pytest
 from conftest import git
-from support.reliability import answer, group_alive, spawn
+from support.reliability import answer, group_alive, spawn, wait_until_timing
 from test_loop import GAINS
 from test_resume import assert_consistent
 
@@ -118,12 +117,7 @@ def test_ctrl_c_to_the_group_while_timing_mid_run(gains):
     the signal also killed GitPython's `git cat-file` helper in perfloop's group, and the
     clean-up died talking to it (exit 1, BrokenPipeError, no interruption recorded)."""
     proc = spawn(gains.path, "run", "--kernel", "scripted", env={"SCRIPTED_DELAY_S": "0.002"})
-    work = gains.path / "sandbox/scripted/work"
-    deadline = time.monotonic() + 300
-    while not list(work.glob("iter-01-*/timing-*-spec.json")) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert time.monotonic() < deadline
-    time.sleep(0.5)  # the timing child is running now
+    wait_until_timing(gains.path, 300)
     os.killpg(proc.pid, signal.SIGINT)
     code, out, err = answer(proc, timeout=120)
     assert_interrupted(gains, code, out, err, "timing")

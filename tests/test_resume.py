@@ -92,7 +92,6 @@ def test_ctrl_c_stops_the_run_and_resume_goes_on(scratch):
     import signal
     import subprocess
     import sys
-    import time
 
     from conftest import pythonpath
 
@@ -105,12 +104,9 @@ def test_ctrl_c_stops_the_run_and_resume_goes_on(scratch):
                             # a shell that started the tests in the background ignores SIGINT,
                             # and its children inherit that: give this one Ctrl-C back
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    work = scratch.path / "sandbox/scripted/work"
-    deadline = time.monotonic() + 60
-    while not list(work.glob("iter-01-*/timing-*-spec.json")) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert time.monotonic() < deadline
-    time.sleep(0.5)                       # the timing child is running now
+    from support.reliability import wait_until_timing
+
+    wait_until_timing(scratch.path, 60)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "--resume" in err

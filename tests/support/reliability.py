@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -95,3 +96,13 @@ def small(path: str, size_mb: int, fill_mb: int = 0) -> str:
             f"mount -t tmpfs -o size={size_mb}m tmpfs {path}; cp -a $keep/. {path}/; "
             f"rm -rf $keep; dd if=/dev/zero of={path}/.filler bs=1M count={fill_mb} "
             "status=none")
+
+
+def wait_until_timing(repo: Path, seconds: float) -> None:
+    """Until iteration 1's timing child has its spec (a Ctrl-C then lands while it runs)."""
+    work = repo / "sandbox/scripted/work"
+    deadline = time.monotonic() + seconds
+    while not list(work.glob("iter-01-*/timing-*-spec.json")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert time.monotonic() < deadline
+    time.sleep(0.5)  # the timing child is running now
