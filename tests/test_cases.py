@@ -36,7 +36,7 @@ def test_a_case_carries_named_parameters_and_a_dtype_per_tensor(scratch):
     assert head.params == {"scale": 3, "eps": 1e-6, "mode": "fast"}
     assert head.dtype_of("weight") == "bfloat16" and head.dtype_of("x") == "float32"
     held = next(s for s in spec.held_back if s.name == "held:head")
-    assert held.params == head.params and held.dtypes == head.dtypes and held.dims == (1537,)
+    assert held.params == head.params and held.dtypes == head.dtypes and held.dims == (769,)
     assert Shape.from_dict(json.loads(json.dumps(head.as_dict()))) == head
     guard = next(s for s in spec.shapes if s.name == "guard")
     assert guard.params == {} and guard.dtype_of("weight") == "float32"

@@ -1245,7 +1245,7 @@ def test_the_chosen_candidate_is_re_timed_without_the_cliff_drop(monkeypatch):
 
     w = worker.Timer.__new__(worker.Timer)
     w.settings = Measure(rounds=3, round_ms=5, warmup_ms=20, min_reps=3, max_reps=5, cliff_ratio=4)
-    w.failed, w.select, w.gpu, w.simulated = {}, True, False, None
+    w.failed, w.cliffed, w.select, w.gpu, w.simulated = {}, {}, True, False, None
     w.labels = ["incumbent", "incumbent-again", "a", "b"]
     w.launchers = {label: object() for label in w.labels}
     w.clock = FakeClock()

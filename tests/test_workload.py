@@ -173,3 +173,86 @@ def test_a_cached_winner_that_is_no_longer_a_finalist_is_timed_again(tmp_path):
     ident = {"kernel": "k", "space": ["a", "b"], "key": "x"}
     cache.put(ident, "c", {})  # written when "c" was a finalist
     assert cache.get(ident) is None
+
+
+def test_a_held_out_shape_is_timed_as_the_measured_bucket_a_launch_routes_it_to():
+    wl = parse(NORMS)
+    held = Shape("held", (300, 8192), "bfloat16")   # hidden 8192: no benchmark shape there
+    timed = W.with_buckets(BENCH + (held,), wl)
+    assert [t["bucket"] for t in timed[:3]] == wl.measured()
+    assert timed[3]["routed_from"] == "bfloat16/rows<=512/hidden<=8192"
+    assert timed[3]["bucket"] == W.nearest("bfloat16/rows<=512/hidden<=8192", wl.measured())
+    assert timed[3]["bucket"].startswith("bfloat16/")
+    assert all("routed_from" not in t for t in timed[:3])
+
+
+def test_a_derived_held_back_shape_stays_in_its_shapes_power_of_two_class():
+    from perfloop.core.kernel import derived_held_back
+
+    for rows in (9, 64, 100, 256, 1000, 1024, 3000, 16384):
+        held = derived_held_back(Shape("s", (rows, 512), "float32")).dims[0]
+        assert held != rows and W.pow2(held) == W.pow2(rows), rows
+
+# ---- end to end: a kernel without a bucket() hook ---------------------------------------------
+def _without_bucket_hook(scratch) -> None:
+    """The scripted kernel as the README writes one: no bucket(), no dispatch code of its own
+    (perfloop routes its launches by the buckets it derives from the benchmark's shapes)."""
+    path = scratch.kernel / "kernel.py"
+    text = path.read_text()
+    text = text.replace('def bucket(inputs) -> str:\n    return "big" if len(inputs[1]) >= 600 '
+                        'else "small"\n', "")
+    text = text.replace("dispatch.build(knobs, _build_one, bucket)",
+                        "dispatch.build(knobs, _build_one)")
+    assert "def bucket" not in text and "_build_one, bucket" not in text
+    path.write_text(text)
+
+
+def test_a_knob_that_wins_on_one_bucket_and_loses_on_another_is_kept_where_it_wins(scratch):
+    # fast math: 20% faster at the head (1024) and tail (1000) rows, 30% slower at the guard's
+    # 256 (buckets d0<=1024 and d0<=256, derived from what varies among the shapes)
+    _without_bucket_hook(scratch)
+    scratch.script([{"when": {"fast_math": True},
+                     "factor": {"*": 0.8, "guard": 1.3, "held:guard": 1.3}}])
+    scratch.rules(max_iterations="2")
+    scratch.commit_all("no bucket hook")
+    code, out, err = scratch.cli("run", "--kernel", "scripted")
+    assert code == 0, err
+    recs = scratch.records()
+    step, routed = recs[1], recs[2]
+    assert step["optimization"] == "fast_math" and step["status"] == "revert"
+    assert "regression on guard" in step["decision"]["reason"]
+    assert {n: sh["bucket"] for n, sh in step["timing"]["shapes"].items()} == {
+        "head": "d0<=1024", "guard": "d0<=256", "tail": "d0<=1024"}
+    # the win is not thrown away with the loss: fast math is kept in the head's bucket only,
+    # checked there at the held-back shapes that run as it
+    assert routed["optimization"] == "dispatch" and routed["status"] == "keep", routed["decision"]
+    assert routed["knobs"]["dispatch"] == {"d0<=1024": {"fast_math": True}}
+    assert {"held:head", "held:tail"} <= set(routed["timing"]["shapes"])
+    assert "guard" not in routed["timing"]["shapes"]
+    code, report, _ = scratch.cli("report", "--kernel", "scripted")
+    assert code == 0
+    speedups = {sh["shape"]: sh["speedup"] for sh in report["shapes"]}
+    assert speedups["head"] > 1.15 and speedups["tail"] > 1.15
+    assert 0.97 < speedups["guard"] < 1.03
+
+
+def test_a_cliff_at_one_bucket_leaves_the_win_at_another_to_a_dispatch(scratch):
+    # occupancy 8: 10x slower at the guard (dropped there as a cliff), 15% faster elsewhere
+    _without_bucket_hook(scratch)
+    scratch.script([{"when": {"occupancy": 8},
+                     "factor": {"*": 0.85, "guard": 10, "held:guard": 10}}])
+    scratch.commit_all("no bucket hook")
+    assert scratch.cli("init", "--kernel", "scripted")[0] == 0
+    code, out, err = scratch.cli("step", "--kernel", "scripted", "--opt", "occupancy")
+    assert code == 0, err
+    step = scratch.records()[-1]
+    cliff = [o for o in step["outcomes"].values() if o["value"] == 8]
+    assert cliff[0]["outcome"] == "slow" and "at guard" in cliff[0]["reason"]
+    assert "head" in step["timing"]["shapes"]  # timed at the others, for the dispatch
+    code, out, _ = scratch.cli("next", "--kernel", "scripted")
+    assert code == 0 and out["suggestions"][0]["id"] == "dispatch", out
+    code, out, err = scratch.cli("step", "--kernel", "scripted", "--opt", "dispatch")
+    assert code == 0, (out, err)
+    routed = scratch.records()[-1]
+    assert routed["optimization"] == "dispatch" and routed["status"] == "keep", routed["decision"]
+    assert routed["knobs"]["dispatch"] == {"d0<=1024": {"occupancy": 8}}

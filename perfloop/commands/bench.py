@@ -1,6 +1,6 @@
 import time
 
-from perfloop.core import traffic
+from perfloop.core import traffic, workload
 from perfloop.core.atomic import write_json
 from perfloop.core.errors import UserError
 from perfloop.core.kernel import import_module
@@ -55,7 +55,7 @@ def _execute(s: Session) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     rules = s.playbook.rules
     timing = phases.time_variants(
-        variants, [sh.as_dict() for sh in s.spec.shapes], rules, contract=s.spec.folder,
+        variants, workload.timed(s.spec), rules, contract=s.spec.folder,
         tolerance=s.spec.tolerance, headline=s.spec.headline.name,
         ceilings_cache=s.ceilings_cache, work=work,
         confinement=s.confinement(), cache=s.sandbox / "cache",

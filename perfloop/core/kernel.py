@@ -48,9 +48,14 @@ TOLERANCE_KEYS = ("rtol", "atol", "max_rel_err")
 
 
 def derived_held_back(shape: Shape) -> Shape:
-    """A shape the loop never tunes on, in the same bucket as `shape` for kernels that bucket
-    by dtype and row width: half as many rows again, plus one (so no row tile divides it)."""
-    rows = shape.dims[0] + shape.dims[0] // 2 + 1
+    """A shape the loop never tunes on, in `shape`'s bucket (by the row width, or by the power
+    of two of the rows, as a workload derived from the benchmark keys it): half as many rows
+    again plus one (so no row tile divides it), or where that leaves the rows' power-of-two
+    class, a quarter fewer plus one."""
+    n = shape.dims[0]
+    rows = n + n // 2 + 1
+    if rows > 1 << max(n - 1, 0).bit_length() and n > 8:  # (fewer: it could be n itself)
+        rows = n - n // 4 + 1
     return replace(shape, name=f"held:{shape.name}", dims=(rows, *shape.dims[1:]),
                    headline=False, held_back=True)
 
@@ -73,6 +78,7 @@ class KernelSpec:
     @property
     def headline(self) -> Shape:
         return next(s for s in self.shapes if s.headline)
+
 
     def read_knobs(self, folder: Path | None = None) -> dict:
         return read_knobs((folder or self.folder) / KNOBS)

@@ -448,9 +448,27 @@ def held_out(spec, seed: int | None) -> tuple[Shape, ...]:
     return tuple(spec.held_back) + draw(wl, seed, tuple(spec.shapes) + tuple(spec.held_back))
 
 
+def timed(spec, shapes=None) -> list[dict]:
+    """Shape dicts for a timer (default: the kernel spec's benchmark shapes), each with the
+    workload's bucket whose knobs it runs: the buckets decisions are taken in where kernel.py
+    has no bucket() hook."""
+    shapes = spec.shapes if shapes is None else shapes
+    if spec.workload is None:
+        return [s.as_dict() for s in shapes]
+    return with_buckets(shapes, spec.workload)
+
+
 def with_buckets(shapes, wl: Workload) -> list[dict]:
-    """Shape dicts for the timer, each with its bucket (Shape.as_dict() and "bucket")."""
-    return [{**s.as_dict(), "bucket": shape_bucket(wl, s)} for s in shapes]
+    """Shape dicts for the timer, each with the bucket whose knobs it runs: its own, or, for a
+    shape in a bucket no benchmark shape fell in (a held-out one), the nearest measured bucket,
+    as a launch routes it (perfloop.core.dispatch), with its own as "routed_from". Decisions
+    about a bucket so count the held-out shapes that run as it."""
+    measured, out = wl.measured(), []
+    for s in shapes:
+        own = shape_bucket(wl, s)
+        runs = own if own in measured or not measured else nearest(own, measured)
+        out.append({**s.as_dict(), "bucket": runs, **({"routed_from": own} if runs != own else {})})
+    return out
 
 
 # ---- beside a kernel (a launch's side) ------------------------------------------------------
@@ -471,31 +489,3 @@ def _from_text(text: str) -> Workload:
     shapes = tuple(Shape(str(s.get("name")), tuple(s["dims"]), s["dtype"],
                          bool(s.get("headline"))) for s in manifest.get("shapes", []))
     return parse(manifest.get("workload"), shapes)
-
-
-# ---- the parent's side of a timing --------------------------------------------------------
-def annotate(summary: dict, wl: Workload, shapes) -> dict:
-    """A summarized timing pass (perfloop.measure.phases) with each shape's bucket: the one the
-    timer read from the kernel's bucket() hook, else the workload's. A held-out shape whose
-    bucket no benchmark shape falls in gets `routes_to`: the measured bucket it runs as (the
-    nearest, with the workload's buckets; None with the kernel's own, where it runs the plain
-    knobs). Decisions about a bucket count the held-out shapes that run as it."""
-    by_name = {s.name: s for s in shapes}
-    own = {name: sh.get("bucket") for name, sh in summary.items()}
-    derived = {name: shape_bucket(wl, by_name[name]) for name in summary if name in by_name}
-    hooked = any(own[n] is not None and own[n] != derived.get(n) for n in summary)
-    measured = ([own[n] for n, sh in summary.items() if not sh.get("held_back")] if hooked
-                else wl.measured())
-    out = {}
-    for name, sh in summary.items():
-        bucket = own[name] if own[name] is not None else derived.get(name)
-        entry = {**sh, "bucket": bucket}
-        if sh.get("held_back") and bucket not in measured:
-            entry["routes_to"] = None if hooked else nearest(bucket, measured)
-        out[name] = entry
-    return out
-
-
-def group(shape: dict) -> str | None:
-    """The bucket a timed shape (annotate's entry) runs as: its own, or where it is routed."""
-    return shape["routes_to"] if "routes_to" in shape else shape.get("bucket")

@@ -86,6 +86,7 @@ class Timer:
         self.clock = GpuClock() if self.gpu else WallClock()
         self.launchers = self._start_launchers(spec["variants"], forked)
         self.buckets = {raw["name"]: raw.get("bucket") for raw in spec["shapes"]}
+        self.cliffed: dict = {}   # (label, shape) -> how many times slower its warm-up ran
         self.overhead: dict = {}  # (shape, slots checked) -> ms of an empty batch
         self.pads: dict = {}      # label -> us of sleep ahead of its batches
         # batches per variant and round: a wall clock shares the CPU with everything else, so
@@ -276,10 +277,11 @@ class Timer:
         self.overhead[key] = statistics.median(samples)
 
     def _bucket(self, inputs, shape: Shape):
-        """The shape's bucket: as the parent named it, else the contract's bucket(inputs)."""
-        if self.buckets.get(shape.name) is not None:
-            return self.buckets[shape.name]
-        return self.contract.bucket(inputs) if hasattr(self.contract, "bucket") else None
+        """The shape's bucket: the contract's bucket(inputs) where it has the hook (its launches
+        dispatch by it), else the workload's, as the parent named it."""
+        if hasattr(self.contract, "bucket"):
+            return self.contract.bucket(inputs)
+        return self.buckets.get(shape.name)
 
     def _skipped(self, shape: Shape, inputs) -> bool:
         """A shape outside the buckets a dispatch change touches (spec "only_buckets"), and not
@@ -334,7 +336,11 @@ class Timer:
                       self.rng.randrange(1 << 62), self.spec.get("tolerance", {}), self.rng)
         self._share(slots, labels)
         checked: dict = {}
-        estimates, cliffs = self._warm_all(shape, labels, slots, settings)
+        earlier = {label: self.cliffed[label, shape.name] for label in labels
+                   if (label, shape.name) in self.cliffed}
+        estimates, cliffs = self._warm_all(shape, [x for x in labels if x not in earlier],
+                                           slots, settings)
+        cliffs.update(earlier)
         active = [label for label in self._active(labels) if label not in cliffs]
         if INCUMBENT not in active:
             return None
@@ -344,9 +350,8 @@ class Timer:
         self._share(slots, active)
         self._calibrate(slots, shape, min(CHECKS_PER_BATCH, n))
         rounds = self._rounds(shape, active, slots, n, settings, checked)
-        for label, ratio in cliffs.items():
-            self._fail(label, f"at {shape.name} its warm-up ran {ratio:.1f}x slower than the "
-                              "incumbent's: dropped as a cliff, not timed further", Outcome.SLOW)
+        for label, ratio in cliffs.items():  # dropped here only: a cliff in one bucket
+            self.cliffed[label, shape.name] = ratio  # says nothing of the others
         self._release(active)
         return self._shape_result(shape, inputs, rounds, n, checked, cliffs)
 
@@ -442,6 +447,9 @@ class Timer:
                          if self.gpu else None)
         labels, seed = self.labels, self.spec.get("seed", 0)
         passes = [self.time_pass(labels, seed)]
+        for (label, name), ratio in self.cliffed.items():  # timed at every other shape
+            self._fail(label, f"at {name} its warm-up ran {ratio:.1f}x slower than the "
+                              "incumbent's: dropped as a cliff there", Outcome.SLOW)
         best = None
         candidates = [label for label in labels[2:] if label not in self.failed]
         if self.select and len(candidates) > 1 and passes[0]["shapes"]:
@@ -518,6 +526,8 @@ def _fastest(first_pass: dict, candidates: list[str], headline: str, tolerance: 
             if label in shape["rounds"]:
                 mine = [statistics.median(r) for r in shape["rounds"][label]]
                 ratios[label][name] = stats.compare(inc, mine).ratio
+            elif label in shape.get("cliffs", {}):
+                ratios[label][name] = shape["cliffs"][label]
     alive = [c for c in candidates if ratios[c]]
     safe = [c for c in alive if max(ratios[c].values()) <= 1 + tolerance]
     return min(safe or alive or candidates,

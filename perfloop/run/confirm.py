@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from perfloop.core import progress
+from perfloop.core import progress, workload
 from perfloop.core.vocab import INCUMBENT
 from perfloop.measure import phases
 from perfloop.store import records
@@ -50,7 +50,7 @@ def measure(s: Session) -> dict:
                     {"label": FINAL, "folder": final_dir, "knobs": s.spec.read_knobs(final_dir)}]
         rules = s.playbook.rules
         timing = phases.time_variants(
-            variants, [sh.as_dict() for sh in s.spec.shapes], rules, contract=base_dir,
+            variants, workload.timed(s.spec), rules, contract=base_dir,
             tolerance=s.spec.tolerance, headline=s.spec.headline.name,
             ceilings_cache=s.ceilings_cache, work=work,
             confinement=s.confinement(), cache=s.sandbox / "cache",

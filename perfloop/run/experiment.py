@@ -103,6 +103,12 @@ class Trial:
         return list(spec.shapes) + list(workload.held_out(spec, self.s.state.workload_seed))
 
     @property
+    def timed_shapes(self) -> list[dict]:
+        """`shapes` for the timer, each with the workload's bucket whose knobs it runs: where
+        the kernel has no bucket() hook, the buckets decisions are taken in."""
+        return workload.timed(self.s.spec, self.shapes)
+
+    @property
     def choosing(self):
         """Where it is screened and its fastest candidate chosen: the headline, or the shape a
         bucket joint search was planned at (the only bucket it changes)."""
@@ -200,7 +206,7 @@ def judge_and_time(t: Trial) -> None:
     env = phases.child_env(s.playbook_dir)
     timer = _start_timer(t, env)
     warmers = phases.start_warmers(
-        _timed_variants(t, control=False), [sh.as_dict() for sh in t.shapes],
+        _timed_variants(t, control=False), t.timed_shapes,
         processes=t.rules.compile_processes, contract=t.contract_dir, work=t.work, cwd=s.root,
         env=env, confinement=s.confinement(), cache=s.sandbox / "cache"
     ) if s.spec.requires_gpu and t.candidates else []
@@ -231,7 +237,7 @@ def _start_timer(t: Trial, env: dict):
             waiting[1].kill()
         return None
     return phases.start_timing(
-        _timed_variants(t), [sh.as_dict() for sh in t.shapes], t.rules,
+        _timed_variants(t), t.timed_shapes, t.rules,
         contract=t.contract_dir, tolerance=s.spec.tolerance, headline=t.choosing.name,
         ceilings_cache=s.ceilings_cache, work=t.work, cwd=s.root, env=env,
         confinement=s.confinement(), cache=s.sandbox / "cache",
@@ -385,7 +391,7 @@ def record_trial(t: Trial, verdict: decide.Verdict, commit: str) -> records.Expe
         "outcomes": {label: {"value": labels.get(label), "outcome": o[0], "reason": o[1]}
                      for label, o in {**t.outcome, **t.screened}.items()},
         "correctness_detail": _correctness_detail(t.judged),
-        "timing": _timing_detail(t, summary) if summary else None,
+        "timing": _timing_detail(t, summary or (t.passes or [None])[0]),
         "environment": t.timing.raw.get("environment") if t.timing and t.timing.raw else None,
         "phases_s": {**t.phase_s, "total": phases.elapsed(t.t0)},
         "compile_ahead": t.compile_ahead, "started_at": t.started, "finished_at": time.time(),
@@ -406,7 +412,11 @@ def _correctness_detail(judged: judge.JudgeResult | None) -> dict:
             "detail": judged.detail}
 
 
-def _timing_detail(t: Trial, summary: dict) -> dict:
+def _timing_detail(t: Trial, summary: dict | None) -> dict | None:
+    """The deciding pass; where no candidate was carried to a decision (each fell off a cliff
+    at some shape), the pass that timed them at the others: what a dispatch is planned from."""
+    if summary is None:
+        return None
     raw = t.timing.raw
     labels = {label: thaw(x) for label, x in t.values.items()} if t.kind == Kind.PLAYBOOK else {}
     return {"shapes": summary, "selection": t.passes[0] if len(t.passes) > 1 else None,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
+from perfloop.core import workload
 from perfloop.core.vocab import CONTROL, Outcome
 from perfloop.measure import phases
 
@@ -27,13 +28,13 @@ def timed(trial):
         # than a stalled child would
         t = time.monotonic()
         phases.wait_warmers(phases.start_warmers(
-            variants[1:], [head.as_dict()], processes=processes,
+            variants[1:], workload.timed(s.spec, [head]), processes=processes,
             contract=contract_dir, work=work, cwd=s.root, env=env,
             confinement=s.confinement(), cache=s.sandbox / "cache"),
             min(deadline, time.monotonic() + rules.stall_timeout_s))
         trial.phase_s["screen_compile"] = phases.elapsed(t)
     timing = phases.time_variants(
-        [variants[0], dict(variants[0], label=CONTROL)] + variants[1:], [head.as_dict()], quick,
+        [variants[0], dict(variants[0], label=CONTROL)] + variants[1:], workload.timed(s.spec, [head]), quick,
         deadline=deadline, cliffs=True, contract=contract_dir, tolerance=s.spec.tolerance,
         headline=head.name, ceilings_cache=s.ceilings_cache, work=work, cwd=s.root, env=env,
         confinement=s.confinement(), cache=s.sandbox / "cache")
