@@ -256,3 +256,52 @@ def test_a_cliff_at_one_bucket_leaves_the_win_at_another_to_a_dispatch(scratch):
     routed = scratch.records()[-1]
     assert routed["optimization"] == "dispatch" and routed["status"] == "keep", routed["decision"]
     assert routed["knobs"]["dispatch"] == {"d0<=1024": {"occupancy": 8}}
+
+
+# ---- the workload view (perfloop bench) -----------------------------------------------------
+def _timed(ms: dict, floor=None, bucket=None) -> dict:
+    return {"bucket": bucket, "variants": {label: {"median_ms": t, **(
+        {"share_of_floor": floor / t} if floor and label == "incumbent" else {})}
+        for label, t in ms.items()}}
+
+
+def test_the_workload_view_compares_cutile_with_its_best_peer_at_every_shape():
+    from perfloop.report import workload_view
+
+    labels = {"incumbent": "cutile", "incumbent-again": "cutile-again",
+              "torch-compile": "torch-compile", "torch-eager": "torch-eager", "triton": "triton"}
+    summary = {
+        "head": _timed({"incumbent": 1.0, "incumbent-again": 1.0, "torch-compile": 1.2,
+                        "torch-eager": 2.0, "triton": 1.1}, floor=0.9, bucket="bf16/n4096"),
+        "held:bf16:50x8192": _timed({"incumbent": 2.0, "incumbent-again": 2.0,
+                                     "torch-compile": 1.0, "torch-eager": 3.0, "triton": 1.5}),
+        "held:fp16:1x4096": _timed({"incumbent": 1.0, "incumbent-again": 1.0,
+                                    "torch-compile": 0.95, "torch-eager": 0.9, "triton": 2.0})}
+    v = workload_view.view(summary, labels, {"held:bf16:50x8192": "bfloat16/hidden<=8192",
+                                             "held:fp16:1x4096": "float16/hidden<=4096"}, 7)
+    rows = {r["shape"]: r for r in v["shapes"]}
+    assert rows["head"]["best_peer"] == "triton" and rows["head"]["vs_best_peer"] == 1.1
+    assert not rows["head"]["held_out"] and rows["head"]["share_of_floor"] == 0.9
+    assert rows["held:bf16:50x8192"]["vs_best_peer"] == 0.5
+    assert rows["held:bf16:50x8192"]["bucket"] == "bfloat16/hidden<=8192"
+    assert rows["held:fp16:1x4096"]["best_peer"] == "torch-eager"   # cuBLAS, for a matmul
+    assert v["below_bar"] == ["held:bf16:50x8192"] and v["seed"] == 7
+    assert v["geomean_held_out"] == pytest.approx((0.5 * 0.9) ** 0.5, abs=1e-3)
+    assert v["geomean_vs_best_peer"] == pytest.approx((1.1 * 0.5 * 0.9) ** (1 / 3), abs=1e-3)
+    text = "\n".join(workload_view.render(v))
+    assert "held:bf16:50x8192" in text and "below 0.90 of the best peer: held:bf16:50x8192" in text
+
+
+def test_bench_draws_held_out_shapes_only_from_a_declared_workload(tmp_path):
+    from perfloop.commands import bench
+    from perfloop.core.errors import UserError
+
+    declared = type("Spec", (), {"workload": parse(NORMS), "shapes": BENCH, "held_back": ()})
+    seed, shapes = bench.drawn(declared, None, 3)
+    assert seed == 3 and len(shapes) == 4 and not set(shapes) & set(BENCH)
+    assert bench.drawn(declared, 2, 3)[1] == W.draw(parse(NORMS.replace("= 4", "= 2")), 3, BENCH)
+    assert bench.drawn(declared, 0, 3) == (None, ())
+    with pytest.raises(UserError):
+        bench.drawn(declared, 99, 3)
+    plain = type("Spec", (), {"workload": W.parse(None, BENCH), "shapes": BENCH, "held_back": ()})
+    assert bench.drawn(plain, None, None) == (None, ())

@@ -1,3 +1,4 @@
+import dataclasses
 import time
 
 from perfloop.core import traffic, workload
@@ -6,6 +7,7 @@ from perfloop.core.errors import UserError
 from perfloop.core.kernel import import_module
 from perfloop.core.vocab import CONTROL, INCUMBENT
 from perfloop.measure import phases
+from perfloop.report import workload_view
 from perfloop.store.session import Session, require_gpu
 
 HELP = "the kernel against PyTorch eager and torch.compile on the same inputs, in one process"
@@ -17,7 +19,10 @@ alternating rounds in one child process, with the same clock as the loop (CUDA e
 flushed by a read, a sleep kernel ahead of each call so host time stays out of device time,
 medians with 95% intervals). The kernel's timed outputs are checked against the reference.
 Host time per call is reported beside device time. The kernel is timed twice, so the table
-also shows how well the same code repeats. Answers: is my cuTile kernel competitive? Needs an
+also shows how well the same code repeats. Where kernel.toml declares a [workload], shapes
+drawn from it (never the benchmark's) are timed too, and a workload view follows the table:
+per shape the best peer's time over cuTile's, the geometric mean, and the shapes below 0.90.
+Answers: is my cuTile kernel competitive, at the shapes it will be called with? Needs an
 NVIDIA GPU; the result also goes to sandbox/<kernel>/bench.json."""
 
 LABELS = {INCUMBENT: "cutile", CONTROL: "cutile-again", "torch-compile": "torch-compile",
@@ -25,16 +30,33 @@ LABELS = {INCUMBENT: "cutile", CONTROL: "cutile-again", "torch-compile": "torch-
 
 
 def add_arguments(p):
-    pass
+    p.add_argument("--held-out", type=int, metavar="N", default=None,
+                   help="shapes drawn from kernel.toml's [workload] to time beside the "
+                        "benchmark's (default: its held_out; 0: none)")
+    p.add_argument("--seed", type=int, metavar="S", default=None,
+                   help="the seed they are drawn with (default: a new one, recorded; give the "
+                        "run's workload_seed from state.json to time the shapes the run saw)")
 
 
 def execute(args):
     s = Session(args.kernel, args.playbook)
     with s.lock(git=False):  # (it writes bench.json beside the run's record)
-        return _execute(s)
+        return _execute(s, getattr(args, "held_out", None), getattr(args, "seed", None))
 
 
-def _execute(s: Session) -> dict:
+def drawn(spec, count: int | None, seed: int | None) -> tuple[int | None, tuple]:
+    """(the seed, the shapes drawn from a declared workload): none without one."""
+    wl = spec.workload
+    if wl is None or not wl.declared or count == 0:
+        return None, ()
+    if count is not None and not 0 < count <= workload.MAX_HELD_OUT:
+        raise UserError(f"--held-out must be between 0 and {workload.MAX_HELD_OUT}, not {count}")
+    wl = dataclasses.replace(wl, held_out=count if count is not None else wl.held_out)
+    seed = workload.choose_seed(wl) if seed is None else seed
+    return seed, workload.draw(wl, seed, tuple(spec.shapes) + tuple(spec.held_back))
+
+
+def _execute(s: Session, count: int | None = None, seed: int | None = None) -> dict:
     module = import_module(s.spec.folder, f"bench_{s.spec.name}")
     traffic.check(module, s.spec)
     if not s.spec.requires_gpu or getattr(module, "DEVICE", "cuda") != "cuda" \
@@ -54,12 +76,15 @@ def _execute(s: Session) -> dict:
     work = s.work / f"bench-{int(time.time())}-{phases.nonce()}"
     work.mkdir(parents=True, exist_ok=True)
     rules = s.playbook.rules
+    seed, held = drawn(s.spec, count, seed)
+    shapes = list(s.spec.shapes) + list(held)
     timing = phases.time_variants(
-        variants, workload.timed(s.spec), rules, contract=s.spec.folder,
+        variants, workload.timed(s.spec, shapes), rules, contract=s.spec.folder,
         tolerance=s.spec.tolerance, headline=s.spec.headline.name,
         ceilings_cache=s.ceilings_cache, work=work,
         confinement=s.confinement(), cache=s.sandbox / "cache",
-        deadline=time.monotonic() + rules.iteration_timeout_s, cwd=s.root,
+        deadline=time.monotonic() + rules.iteration_timeout_s * max(1, len(shapes) / 3),
+        cwd=s.root,
         env=phases.child_env(s.playbook_dir), checked=[INCUMBENT])
     failed = {} if timing.crashed else (timing.raw.get("failed") or {})
     if timing.crashed or failed or timing.excluded:
@@ -72,6 +97,10 @@ def _execute(s: Session) -> dict:
            "noise": {name: shape["noise"] for name, shape in summary.items()},
            "environment": timing.raw["environment"], "ceilings": timing.raw["ceilings"],
            "method": timing.raw["method"]}
+    if held:
+        out["workload"] = workload_view.view(
+            summary, labels, {sh.name: workload.shape_bucket(s.spec.workload, sh) for sh in held},
+            seed)
     write_json(s.sandbox / "bench.json", {**out, "shapes": summary})
     return out
 
@@ -117,4 +146,6 @@ def render(r):
                      f"{_num(row['host_us_per_call'], '.1f')} | {_num(row['gbps'], '.0f')} | "
                      f"{_num(row['share_of_floor'], '.3f')} | {row['vs_cutile']:.3f} "
                      f"({row['ratio_ci'][0]:.3f}-{row['ratio_ci'][1]:.3f}) |")
+    if r.get("workload"):
+        lines += ["", *workload_view.render(r["workload"])]
     return "\n".join(lines)
