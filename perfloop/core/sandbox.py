@@ -95,7 +95,10 @@ def confine(write: list[str], read: list[str] | None = None, listed: list[str] =
     if fd < 0:
         return f"none: landlock_create_ruleset failed ({os.strerror(ctypes.get_errno())})"
     try:
-        for path in write:
+        # its own /proc entry too: CUDA's driver writes there when it makes a context (on an
+        # H100 under Landlock ABI 7, cudaGetDeviceCount failed with error 304 without it).
+        # Landlock forbids ptrace out of the sandbox, so no other process's entries open.
+        for path in [*write, f"/proc/{os.getpid()}"]:
             _allow(libc, fd, path, writes | (READS if read is not None else 0))
         for path in read or ():
             _allow(libc, fd, path, READS)
@@ -143,6 +146,14 @@ def environment_reads(root) -> list[str]:
     places = [*SYSTEM, sys.prefix, sys.base_prefix, sys.exec_prefix, *site.getsitepackages(),
               site.getusersitepackages(), os.path.dirname(os.path.dirname(__file__)),
               *os.environ.get("PATH", "").split(os.pathsep)]
+    # a toolchain's bin/ on PATH needs its prefix (tileiras reads the lib/ and nvvm/ beside
+    # it), unless that prefix is the root, a home or a top-level folder
+    homes = {os.path.realpath(os.path.expanduser("~")), "/root", "/home"}
+    prefixes = {os.path.realpath(os.path.dirname(p.rstrip(os.sep)))
+                for p in os.environ.get("PATH", "").split(os.pathsep)
+                if p and os.path.basename(p.rstrip(os.sep)) == "bin"}
+    places += [p for p in prefixes if p.count(os.sep) >= 2 and p not in homes
+               and not (p + os.sep).startswith(root + os.sep) and not root.startswith(p + os.sep)]
     places += [p for p in sys.path if p and os.path.isdir(p)
                and not (os.path.realpath(p) + os.sep).startswith(root + os.sep)]
     places += [os.path.join(root, name) for name in ROOT_FILES]
@@ -176,7 +187,9 @@ def child_environment(env: dict, folder, *, reads: list, root, confined: bool = 
     out.update(TMPDIR=tmp, CUDA_TILE_TEMP_DIR=tmp, XDG_CACHE_HOME=cache,
                TRITON_CACHE_DIR=os.path.join(cache, "triton"),
                TORCHINDUCTOR_CACHE_DIR=os.path.join(cache, "inductor"),
-               CUDA_CACHE_PATH=os.path.join(cache, "nv"), PYTHONDONTWRITEBYTECODE="1")
+               CUDA_CACHE_PATH=os.path.join(cache, "nv"), PYTHONDONTWRITEBYTECODE="1",
+               # torch.compile in the child itself: no pool of compile workers beside it
+               TORCHINDUCTOR_COMPILE_THREADS="1")
     out.setdefault("CUDA_TILE_CACHE_DIR", os.path.join(cache, "cutile"))
     if confined:
         out[ENV] = json.dumps({"write": [folder, "/dev", out["CUDA_TILE_CACHE_DIR"]],
