@@ -886,6 +886,11 @@ def test_a_candidate_far_slower_in_warm_up_is_dropped_after_two_runs():
     kept = measure.alternating(FakeClock(), {"incumbent": lambda: 1.0, "torch": slow}, settings,
                                unverified={"torch"})
     assert set(kept.rounds) == {"incumbent", "torch"} and kept.cliffs == {}
+    # an incumbent that warms up at no time at all (a launch shorter than an empty batch, at
+    # a one-row shape on an H100) sets no cliff: there is nothing to be 4x slower than
+    tiny = measure.alternating(FakeClock(), {"incumbent": lambda: 0.0, "other": lambda: 0.001},
+                               settings)
+    assert set(tiny.rounds) == {"incumbent", "other"} and tiny.cliffs == {}
 
 
 # ---- runs of the scripted kernel -------------------------------------------------------------

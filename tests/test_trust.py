@@ -11,11 +11,13 @@ it) and killed when its turn or phase ends. docs/threat-model.md says what each 
 import hashlib
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import Scratch
+from conftest import Scratch, pythonpath
 
 from perfloop.core import sandbox
 
@@ -176,3 +178,17 @@ def test_a_child_that_runs_kernel_code_is_confined_where_the_kernel_allows(tmp_p
     lines = result.stdout.strip().splitlines()
     assert lines[0].startswith("landlock ABI"), result
     assert lines[1] == "write ok: done;write secret: refused;read secret: refused"
+
+
+def test_a_timer_started_ahead_leaves_cutile_to_its_launchers(tmp_path):
+    # cuda.tile imported in the timer makes its context (a temporary folder in /tmp) before the
+    # launchers are forked: confined, they could not write there
+    task = tmp_path / "task.json"
+    task.write_text("{}")
+    code = ("import sys; from perfloop.core.lifeline import wait_for_task; "
+            "from perfloop.referee import timer; from pathlib import Path; "
+            f"assert wait_for_task(Path({str(task)!r}), timer.PRELOAD); "
+            "print('cuda.tile' in sys.modules, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": pythonpath()}, check=True).stdout
+    assert out.split() == ["False", "True"]

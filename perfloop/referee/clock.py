@@ -213,8 +213,8 @@ def alternating(clock: Clock, launchers: dict[str, Callable], settings: Measure,
     cliff = getattr(settings, "cliff_ratio", None)
     for label in list(labels):
         on_batch(label)
-        give_up = (cliff * estimates[labels[0]] if cliff and estimates and label not in unverified
-                   else None)
+        give_up = (cliff * estimates[labels[0]] if cliff and estimates.get(labels[0], 0) > 0
+                   and label not in unverified else None)
         estimates[label] = warm_up(clock, launchers[label], settings.warmup_ms, give_up, reset)
         if give_up is not None and estimates[label] > give_up:
             # a slow start is not a cliff: on an H100 warm-ups of 5x and 9.7x came from kernels

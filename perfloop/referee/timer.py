@@ -382,9 +382,11 @@ class Timer:
                     for check in (0, 1):
                         self._calibrate(slots, shape, check)
                 self.progress(label, "time", shape=shape.name)
+                # (an incumbent's warm-up of about nothing, a launch shorter than the empty
+                # batch's own time, as at a one-row shape on an H100, sets no cliff)
                 give_up = (cliff * estimates[INCUMBENT]
-                           if cliff and INCUMBENT in estimates and label not in self.unverified
-                           else None)
+                           if cliff and estimates.get(INCUMBENT, 0) > 0
+                           and label not in self.unverified else None)
                 estimates[label] = self._warm(label, slots, shape, settings, give_up)
                 if give_up is not None and estimates[label] > give_up:  # a slow start is no cliff
                     estimates[label] = self._warm(label, slots, shape, settings, give_up)
@@ -534,10 +536,16 @@ def _fastest(first_pass: dict, candidates: list[str], headline: str, tolerance: 
                key=lambda label: ratios[label].get(headline, float("inf")))
 
 
+# torch only, not cuda.tile: importing it makes cuTile's context, whose temporary folder
+# (/tmp/tmp..., without CUDA_TILE_TEMP_DIR) the forked launchers would inherit and, confined,
+# could not write (on an H100 every step after the baseline crashed: PermissionError)
+PRELOAD = ("torch",)
+
+
 def main(spec_path: str) -> int:
     guard_parent()
     spawn.become_subreaper()  # a launcher's daemons come back here, and die with the timer
-    if not Path(spec_path).exists() and not wait_for_task(Path(spec_path)):
+    if not Path(spec_path).exists() and not wait_for_task(Path(spec_path), PRELOAD):
         return 3  # started ahead for an experiment that never came
     raw = Path(spec_path).read_bytes()
     spec = json.loads(raw)
