@@ -86,17 +86,22 @@ def _execute(s: Session, count: int | None = None, seed: int | None = None) -> d
         deadline=time.monotonic() + rules.iteration_timeout_s * max(1, len(shapes) / 3),
         cwd=s.root,
         env=phases.child_env(s.playbook_dir), checked=[INCUMBENT])
-    failed = {} if timing.crashed else (timing.raw.get("failed") or {})
-    if timing.crashed or failed or timing.excluded:
+    failed = {} if timing.crashed else {**(timing.raw.get("failed") or {}), **timing.excluded}
+    mine = {k: v for k, v in failed.items() if k in (INCUMBENT, CONTROL)}
+    if timing.crashed or mine:
         why = timing.crashed or "; ".join(f"{labels.get(k, k)}: {v['reason']}"
-                                         for k, v in {**failed, **timing.excluded}.items())
+                                         for k, v in mine.items())
         return {"error": why, "exit_code": 1}
+    # a peer that could not be timed (e.g. eager's host time past what a batch can hide at
+    # a one-row shape) is named, not a reason to lose the others
+    untimed = {labels.get(k, k): v["reason"] for k, v in failed.items()}
+    labels = {k: v for k, v in labels.items() if k not in failed}
     summary = phases.summarize_pass(timing.raw["passes"][0], ceiling=timing.raw.get("ceilings"))
     rows = table_rows(summary, labels)
     out = {"kernel": s.spec.name, "knobs": knobs, "rows": rows, "headline": s.spec.headline.name,
            "noise": {name: shape["noise"] for name, shape in summary.items()},
            "environment": timing.raw["environment"], "ceilings": timing.raw["ceilings"],
-           "method": timing.raw["method"]}
+           "method": timing.raw["method"], "untimed": untimed}
     if held:
         out["workload"] = workload_view.view(
             summary, labels, {sh.name: workload.shape_bucket(s.spec.workload, sh) for sh in held},
@@ -116,6 +121,8 @@ def table_rows(summary: dict, labels: dict) -> list[dict]:
     rows = []
     for name, shape in summary.items():
         for label, shown in labels.items():
+            if label not in shape["variants"]:
+                continue
             v = shape["variants"][label]
             paired = shape["vs_incumbent"].get(label) if label != INCUMBENT else None
             rows.append({"shape": name, "variant": shown, "median_ms": v["median_ms"],
@@ -146,6 +153,8 @@ def render(r):
                      f"{_num(row['host_us_per_call'], '.1f')} | {_num(row['gbps'], '.0f')} | "
                      f"{_num(row['share_of_floor'], '.3f')} | {row['vs_cutile']:.3f} "
                      f"({row['ratio_ci'][0]:.3f}-{row['ratio_ci'][1]:.3f}) |")
+    for name, why in (r.get("untimed") or {}).items():
+        lines.append(f"{name}: not timed ({why})")
     if r.get("workload"):
         lines += ["", *workload_view.render(r["workload"])]
     return "\n".join(lines)
