@@ -320,6 +320,14 @@ def parse(path) -> Page:
 def test_html_is_self_contained_and_holds_the_report(finished, tmp_path):
     repo = copy_of(finished, tmp_path)
     add_floors_and_bench(repo)
+    bench_path = repo.path / "sandbox/scripted/bench.json"
+    shapes = [{"shape": name, "held_out": held, "bucket": "big", "cutile_ms": 0.5,
+               "best_peer": "torch-compile", "best_peer_ms": 0.5 * ratio,
+               "vs_best_peer": ratio, "share_of_floor": 0.5}
+              for name, held, ratio in (("head", False, 1.1), ("held:x", True, 0.8))]
+    bench_path.write_text(json.dumps({**json.loads(bench_path.read_text()), "workload": {
+        "seed": 5, "bar": 0.9, "shapes": shapes, "geomean_vs_best_peer": 0.94,
+        "geomean_held_out": 0.8, "below_bar": ["held:x"]}}))
     before = repo.snapshot()
     out = tmp_path / "report.html"
     code, r, err = repo.cli("report", "--kernel", "scripted", "--html", str(out))
@@ -327,7 +335,7 @@ def test_html_is_self_contained_and_holds_the_report(finished, tmp_path):
     assert repo.snapshot() == before                       # only the file it was asked for
     page = parse(out)
     assert page.external == []
-    assert len(page.images) == 2                           # latency, and share of the floor
+    assert len(page.images) == 3                # latency, share of the floor, the workload
     for src in page.images:
         assert src.startswith("data:image/png;base64,")
         width, height = png_size(base64.b64decode(src.split(",", 1)[1], validate=True))
@@ -341,6 +349,7 @@ def test_html_is_self_contained_and_holds_the_report(finished, tmp_path):
     assert '{"big": {"tile": [1, 2048]}}' in text          # the final dispatch table
     assert f"{r['speedup']['speedup']:.3f}x" in text and "timed in one process" in text
     assert "torch-compile ms (bench)" in text and r["stopped"] in text
+    assert "The workload (last bench)" in text
 
 
 def test_html_without_floors_says_so_and_draws_the_latency(finished, tmp_path):

@@ -305,3 +305,20 @@ def test_bench_draws_held_out_shapes_only_from_a_declared_workload(tmp_path):
         bench.drawn(declared, 99, 3)
     plain = type("Spec", (), {"workload": W.parse(None, BENCH), "shapes": BENCH, "held_back": ()})
     assert bench.drawn(plain, None, None) == (None, ())
+
+
+def test_the_workload_plot_draws_each_shape_against_the_bar():
+    pytest.importorskip("matplotlib")
+    from perfloop.report import plots
+
+    view = {"bar": 0.9, "shapes": [
+        {"shape": "head", "held_out": False, "vs_best_peer": 1.1},
+        {"shape": "held:bf16:50x8192", "held_out": True, "vs_best_peer": 0.5},
+        {"shape": "held:fp16:1x4096", "held_out": True, "vs_best_peer": None}]}
+    fig = plots.workload(view)
+    ax = fig.axes[0]
+    assert [round(b.get_height(), 3) for b in ax.patches] == [1.1, 0.5]   # untimed: no bar
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["head", "held:bf16:50x8192"]
+    assert 0.9 in [line.get_ydata()[0] for line in ax.get_lines()]
+    assert plots.png(fig).startswith(b"\x89PNG")
+    assert plots.workload(None) is None and plots.workload({"shapes": []}) is None

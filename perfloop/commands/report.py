@@ -355,6 +355,11 @@ def _draw(r, recs, bench, html_out: Path | None, png_out: Path | None) -> None:
         if share_fig is not None:
             sections.append(("Share of the physical floor per shape, baseline and final "
                              "(1.0 is the floor)", plots.png(share_fig)))
+        workload_fig = plots.workload((bench or {}).get("workload"))
+        if workload_fig is not None:
+            sections.append(("The workload (last bench): the best peer's time over cuTile's per "
+                             "shape, held-out shapes apart (above 1: cuTile faster)",
+                             plots.png(workload_fig)))
         sections += [("Time per phase (seconds)", phases_frame(r)),
                      ("Environment", _env_frame(r)), ("Every experiment", experiments_frame(r))]
         write_text(html_out, htmlpage.page(r, notes, sections))

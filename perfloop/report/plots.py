@@ -138,3 +138,30 @@ def floor_shares(rows: list[dict]):
     ax.legend(fontsize=8, loc="upper center", ncols=len(series) + 1)
     ax.grid(True, axis="y", alpha=0.3)
     return fig
+
+
+def workload(view: dict | None):
+    """The workload view of the last bench (perfloop.report.workload_view): per shape the best
+    peer's time over cuTile's, held-out shapes apart, with the bar; None without one."""
+    rows = (view or {}).get("shapes") or []
+    rows = [r for r in rows if r.get("vs_best_peer") is not None]
+    if not rows:
+        return None
+    fig = _figure(max(5, 0.9 * len(rows) + 2), 3.6)
+    ax = fig.subplots()
+    colours = ["#e07b00" if r["held_out"] else "#2a9d45" for r in rows]
+    ax.bar(range(len(rows)), [r["vs_best_peer"] for r in rows], 0.7, color=colours)
+    ax.axhline(1.0, color="black", linewidth=1)
+    bar = ax.axhline(view["bar"], color="#c1121f", linestyle="--", linewidth=1,
+                     label=f"bar ({view['bar']:.2f} of the best peer)")
+    from matplotlib.patches import Patch
+
+    kinds = [Patch(color=c, label=label) for label, c in (("benchmark shape", "#2a9d45"),
+                                                          ("held-out shape", "#e07b00"))]
+    ax.set_xticks(range(len(rows)), [r["shape"] for r in rows], rotation=30, ha="right",
+                  fontsize=8)
+    ax.set_ylabel("best peer's time / cuTile's")
+    ax.set_ylim(0, 1.3 * max(1.0, *(r["vs_best_peer"] for r in rows)))
+    ax.legend(handles=[*kinds, bar], fontsize=8, loc="upper center", ncols=3)
+    ax.grid(True, axis="y", alpha=0.3)
+    return fig
