@@ -249,3 +249,22 @@ def test_a_crash_is_not_recorded_while_the_machine_lacks_room(tmp_path, monkeypa
     assert not path.exists()
     records.append(path, kept)  # (what did not crash is recorded as ever)
     assert len(records.load(path)) == 1
+
+
+def test_a_timers_import_list_cut_short_is_the_machines_failure_not_a_crash(tmp_path):
+    # a full disk truncated the trusted timer's list of what it imported: without it the
+    # verdict cannot be checked, and the candidate did nothing wrong
+    from types import SimpleNamespace
+
+    from perfloop.core.errors import EnvironmentFailure
+    from perfloop.measure import phases
+
+    (tmp_path / "timing-t1-imports.json").write_text('["/repo/kernels/x/ker')
+    pending = phases.Pending({}, [], tmp_path, tmp_path, {}, 5.0, 0.0)
+    done = SimpleNamespace(returncode=0, log="timing-t1.log", timed_out=False, stalled=False)
+    running = SimpleNamespace(wait=lambda **kw: done)
+    with pytest.raises(EnvironmentFailure) as caught:
+        phases._finish(pending, phases.Timing(), running, "t1", [], {"labels": []},
+                       deadline=0.0, select=False, shown=None)
+    assert caught.value.exit_code == 1 and "disk" in str(caught.value)
+    assert "\n" not in str(caught.value)

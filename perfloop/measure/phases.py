@@ -21,6 +21,7 @@ from pathlib import Path
 
 from perfloop.core import progress, stats
 from perfloop.core.atomic import digest, json_bytes, write_bytes, write_json
+from perfloop.core.errors import EnvironmentFailure
 from perfloop.core.kernel import code_digest
 from perfloop.core.playbook import Rules, thaw
 from perfloop.core.sandbox import Confinement, kernel_env, linked_cache
@@ -285,7 +286,14 @@ def _finish(pending: Pending, out: Timing, running, tag: str, remaining: list, g
         written = pending.work / f"timing-{tag}-progress.jsonl"
         imports = pending.work / f"timing-{tag}-imports.json"
         if imports.exists():
-            out.imports |= set(json.loads(imports.read_text()))
+            try:
+                out.imports |= set(json.loads(imports.read_text()))
+            except (OSError, ValueError):  # cut short: kernel code cannot write there
+                raise EnvironmentFailure(
+                    f"the timing worker's list of what it imported ({imports}) is unreadable: "
+                    "the machine failed it (is the disk full?), not the candidate; nothing was "
+                    "recorded: free some space, then `perfloop run --resume` runs the "
+                    "experiment again", during=True) from None
         if res.returncode == 0 and result.exists():
             out.raw = _read_result(result) or {}
             if out.raw.get("spec") == pending.specs.get(tag):
