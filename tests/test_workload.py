@@ -322,3 +322,24 @@ def test_the_workload_plot_draws_each_shape_against_the_bar():
     assert 0.9 in [line.get_ydata()[0] for line in ax.get_lines()]
     assert plots.png(fig).startswith(b"\x89PNG")
     assert plots.workload(None) is None and plots.workload({"shapes": []}) is None
+
+
+def test_a_launcher_runs_each_buckets_knobs_though_the_kernels_build_ignores_the_table(tmp_path):
+    # a README-style kernel: build(knobs) knows nothing of dispatch; the timer's launcher
+    # routes each launch to the knobs the loop decided for its bucket
+    from perfloop.child import launcher
+
+    (tmp_path / "kernel.toml").write_text(
+        'name = "k"\n[[shapes]]\nname = "head"\ndims = [256, 1024]\ndtype = "float32"\n'
+        'headline = true\n[[shapes]]\nname = "tail"\ndims = [64, 1000]\ndtype = "float32"\n')
+    (tmp_path / "kernel.py").write_text(
+        "def build(knobs):\n"
+        "    def launch(inputs, out):\n"
+        "        out.append(knobs['fast_math'])\n"
+        "    return launch\n")
+    knobs = {"fast_math": False, "dispatch": {"d0<=256/d1<=1024": {"fast_math": True}}}
+    launch = launcher.build({"kind": "kernel", "folder": str(tmp_path), "knobs": knobs})
+    seen: list = []
+    for rows, cols in ((256, 1024), (64, 1000), (200, 700)):
+        launch((torch.empty(rows, cols),), seen)
+    assert seen == [True, False, True]   # 200 x 700 falls in the head's bucket

@@ -14,7 +14,9 @@ import os
 import sys
 import time
 import traceback
+from pathlib import Path
 
+from perfloop.core import dispatch
 from perfloop.core.channel import Channel, Closed
 from perfloop.core.kernel import import_module
 from perfloop.core.lifeline import guard_parent
@@ -31,7 +33,9 @@ def build(setup: dict):
     kind = setup["kind"]
     if kind == "kernel":
         module = import_module(setup["folder"], "variant")
-        return module.build({k: freeze(v) for k, v in setup["knobs"].items()})
+        # routed by bucket as the loop decided, also where kernel.py's build ignores the table
+        return dispatch.launcher(module, {k: freeze(v) for k, v in setup["knobs"].items()},
+                                 Path(setup["folder"]))
     contract = import_module(setup["contract_folder"], "contract")
     if kind.startswith("competitor:"):
         other = contract.competitors()[kind.removeprefix("competitor:")]

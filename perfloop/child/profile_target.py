@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from perfloop.core import hooks
+from perfloop.core import dispatch, hooks
 from perfloop.core.atomic import write_json
 from perfloop.core.kernel import Shape, import_module
 from perfloop.core.playbook import freeze
@@ -23,7 +23,8 @@ def main(spec_path: str) -> int:
     contract = import_module(Path(spec["contract_folder"]), "contract")
     module = import_module(Path(spec["folder"]), "profiled")
     device = getattr(contract, "DEVICE", "cuda")
-    launch = module.build({k: freeze(v) for k, v in spec["knobs"].items()})
+    launch = dispatch.launcher(module, {k: freeze(v) for k, v in spec["knobs"].items()},
+                               Path(spec["folder"]))
     inputs = contract.make_inputs(Shape.from_dict(spec["shape"]), 0, device)
     out = contract.empty_output(inputs)
     try:

@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-from perfloop.core import hooks, lifeline
+from perfloop.core import dispatch, hooks, lifeline
 from perfloop.core.kernel import Shape, import_module
 from perfloop.core.playbook import freeze
 
@@ -33,8 +33,9 @@ def main(spec_path: str) -> int:
         try:
             if v["folder"] not in modules:
                 modules[v["folder"]] = import_module(Path(v["folder"]), f"warm{len(modules)}")
-            launches[v["label"]] = modules[v["folder"]].build(
-                {k: freeze(x) for k, x in v["knobs"].items()})
+            launches[v["label"]] = dispatch.launcher(
+                modules[v["folder"]], {k: freeze(x) for k, x in v["knobs"].items()},
+                Path(v["folder"]))
         except Exception:
             continue
     for raw in spec["shapes"]:
