@@ -79,7 +79,6 @@ class KernelSpec:
     def headline(self) -> Shape:
         return next(s for s in self.shapes if s.headline)
 
-
     def read_knobs(self, folder: Path | None = None) -> dict:
         return read_knobs((folder or self.folder) / KNOBS)
 

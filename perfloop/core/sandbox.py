@@ -143,15 +143,14 @@ def environment_reads(root) -> list[str]:
     import site
 
     root = os.path.realpath(str(root))
+    path = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p]
     places = [*SYSTEM, sys.prefix, sys.base_prefix, sys.exec_prefix, *site.getsitepackages(),
-              site.getusersitepackages(), os.path.dirname(os.path.dirname(__file__)),
-              *os.environ.get("PATH", "").split(os.pathsep)]
+              site.getusersitepackages(), os.path.dirname(os.path.dirname(__file__)), *path]
     # a toolchain's bin/ on PATH needs its prefix (tileiras reads the lib/ and nvvm/ beside
     # it), unless that prefix is the root, a home or a top-level folder
     homes = {os.path.realpath(os.path.expanduser("~")), "/root", "/home"}
-    prefixes = {os.path.realpath(os.path.dirname(p.rstrip(os.sep)))
-                for p in os.environ.get("PATH", "").split(os.pathsep)
-                if p and os.path.basename(p.rstrip(os.sep)) == "bin"}
+    prefixes = {os.path.realpath(os.path.dirname(p.rstrip(os.sep))) for p in path
+                if os.path.basename(p.rstrip(os.sep)) == "bin"}
     places += [p for p in prefixes if p.count(os.sep) >= 2 and p not in homes
                and not (p + os.sep).startswith(root + os.sep) and not root.startswith(p + os.sep)]
     places += [p for p in sys.path if p and os.path.isdir(p)

@@ -466,7 +466,7 @@ def with_buckets(shapes, wl: Workload) -> list[dict]:
     measured, out = wl.measured(), []
     for s in shapes:
         own = shape_bucket(wl, s)
-        runs = own if own in measured or not measured else nearest(own, measured)
+        runs = nearest(own, measured) or own   # (None: nothing measured)
         out.append({**s.as_dict(), "bucket": runs, **({"routed_from": own} if runs != own else {})})
     return out
 

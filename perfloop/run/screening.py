@@ -18,6 +18,7 @@ def timed(trial):
     s, variants, head, work = trial.s, trial.variants, trial.choosing, trial.work
     contract_dir, deadline = trial.contract_dir, trial.deadline
     env = phases.child_env(s.playbook_dir)
+    shapes = workload.timed(s.spec, [head])
     rules = s.playbook.rules
     quick = dataclasses.replace(rules, measure=dataclasses.replace(
         rules.measure, rounds=rules.search.screen_rounds))
@@ -28,13 +29,13 @@ def timed(trial):
         # than a stalled child would
         t = time.monotonic()
         phases.wait_warmers(phases.start_warmers(
-            variants[1:], workload.timed(s.spec, [head]), processes=processes,
+            variants[1:], shapes, processes=processes,
             contract=contract_dir, work=work, cwd=s.root, env=env,
             confinement=s.confinement(), cache=s.sandbox / "cache"),
             min(deadline, time.monotonic() + rules.stall_timeout_s))
         trial.phase_s["screen_compile"] = phases.elapsed(t)
     timing = phases.time_variants(
-        [variants[0], dict(variants[0], label=CONTROL)] + variants[1:], workload.timed(s.spec, [head]), quick,
+        [variants[0], dict(variants[0], label=CONTROL)] + variants[1:], shapes, quick,
         deadline=deadline, cliffs=True, contract=contract_dir, tolerance=s.spec.tolerance,
         headline=head.name, ceilings_cache=s.ceilings_cache, work=work, cwd=s.root, env=env,
         confinement=s.confinement(), cache=s.sandbox / "cache")
