@@ -294,7 +294,9 @@ SWIGLU_ATTACKS = {
         "        side = _side_stream()\n        side.wait_stream(torch.cuda.current_stream())\n"
         "        ct.launch(side, grid(knobs, *a.shape, a.device), kern,\n"
         "                  (a, b, c, *consts))",
-        "ran work on another CUDA stream"),
+        # the timer poisons the output and reads it back on the stream it timed: the work
+        # left running on a side stream has not written it yet
+        "timed output differs from the reference at llama7b-bf16"),
 }
 
 
