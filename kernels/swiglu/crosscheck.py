@@ -2,7 +2,8 @@
 GPU: `python kernels/swiglu/crosscheck.py sandbox/swiglu/bench.json` (for another kernel, name
 its folder: `... sandbox/rmsnorm/bench.json kernels/rmsnorm`).
 
-For each shape, the cuTile kernel (with the knobs bench used), torch.compile (compiled for
+For each shape (the benchmark's, and the held-out shapes bench drew, drawn again from its
+recorded seed), the cuTile kernel (with the knobs bench used), torch.compile (compiled for
 that shape, dynamic=False) and the kernel's other competitors (its competitors(), e.g. a
 Triton kernel) are timed by do_bench twice: as shipped, whose L2 clear writes zeros over 256
 MB (the dirty lines it leaves are written back during the timed kernel), and with that clear
@@ -23,7 +24,9 @@ from triton.testing import do_bench
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent.parent))
 
-from perfloop.core.kernel import import_module, load_spec  # noqa: E402
+from perfloop.commands.bench import drawn  # noqa: E402
+from perfloop.core.kernel import import_module  # noqa: E402
+from perfloop.core.manifest import load_spec  # noqa: E402
 from perfloop.core.playbook import freeze  # noqa: E402
 
 
@@ -48,7 +51,10 @@ def main(bench_json: str, folder: Path = HERE) -> None:
     print("| shape | variant | bench us | do_bench us (zero_ clear) | ratio | "
           "do_bench us (read clear) | ratio |")
     print("|:--|:--|--:|--:|--:|--:|--:|")
-    for shape in spec.shapes:
+    view = bench.get("workload") or {}
+    held = [r for r in view.get("shapes", []) if r.get("held_out")]
+    extra = drawn(spec, len(held), view["seed"])[1] if held else ()
+    for shape in [*spec.shapes, *extra]:
         inputs = module.make_inputs(shape, 0, "cuda")
         out = module.empty_output(inputs)
         torch._dynamo.reset()
@@ -60,7 +66,7 @@ def main(bench_json: str, folder: Path = HERE) -> None:
             fn()
             torch.cuda.synchronize()
             zero, read = _median_us(fn, False), _median_us(fn, True)
-            mine = ours[(shape.name, variant)]
+            mine = ours.get((shape.name, variant), float("nan"))
             print(f"| {shape.name} | {variant} | {mine:.2f} | {zero:.2f} | {mine / zero:.3f} | "
                   f"{read:.2f} | {mine / read:.3f} |")
         del inputs, out
