@@ -359,7 +359,7 @@ def test_swiglu_with_a_host_busy_wait_times_the_same_and_is_not_kept(swiglu_scra
     assert record["timing"], record["outcomes"]     # timed to the end, not dropped
     for name, shape in record["timing"]["shapes"].items():
         inc, cand = shape["variants"]["incumbent"], shape["variants"]["candidate-0"]
-        print(f"{name}: device {inc['median_ms'] * 1000:.2f} vs {cand['median_ms'] * 1000:.2f} us, "
-              f"host {inc['host_us_per_call']:.1f} vs {cand['host_us_per_call']:.1f} us")
-        assert cand["host_us_per_call"] > inc["host_us_per_call"] + 30
+        # (the trusted timer measures device time only: a launcher's own account of its host
+        # time would come from the process that runs kernel code)
+        print(f"{name}: device {inc['median_ms'] * 1000:.2f} vs {cand['median_ms'] * 1000:.2f} us")
         assert abs(shape["vs_incumbent"]["candidate-0"]["ratio"] - 1) < 0.01
