@@ -268,3 +268,65 @@ def test_a_timers_import_list_cut_short_is_the_machines_failure_not_a_crash(tmp_
                        deadline=0.0, select=False, shown=None)
     assert caught.value.exit_code == 1 and "disk" in str(caught.value)
     assert "\n" not in str(caught.value)
+
+
+# ---- every git write goes through gitops.writes ----------------------------------------------
+GIT_WRITES = {"add", "commit", "reset", "restore", "update_ref", "checkout", "switch", "stash",
+              "rm", "mv", "merge", "tag", "branch"}       # `repo.git.<command>(...)`
+REPO_WRITES = {"create_head", "delete_head", "checkout"}  # GitPython's own
+
+
+def _git_writes(tree) -> list:
+    """Calls in `tree` of a git command that writes: `x.git.restore(...)`,
+    `repo.create_head(...)`, `head.checkout()`."""
+    import ast
+
+    def writes(f) -> bool:
+        through_git = isinstance(f.value, ast.Attribute) and f.value.attr == "git"
+        return f.attr in REPO_WRITES or through_git and f.attr in GIT_WRITES
+
+    return [node for node in ast.walk(tree) if isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute) and writes(node.func)]
+
+
+def test_every_git_write_is_one_of_gitops_writes():
+    """A git write outside a @writes function answers a held index.lock or a full disk with a
+    traceback instead of one line. Before, recovery restored an agent's edits with a bare
+    `s.repo.git.restore(...)`."""
+    import ast
+
+    root = Path(__file__).resolve().parent.parent / "perfloop"
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        if path.name != "gitops.py" or path.parent.name != "store":
+            calls = _git_writes(tree)
+            assert not calls, f"{path}:{calls[0].lineno}: {ast.unparse(calls[0])[:80]}"
+            continue
+        for fn in tree.body:
+            if isinstance(fn, ast.FunctionDef) and _git_writes(fn):
+                assert any(ast.unparse(d) == "writes" for d in fn.decorator_list), fn.name
+
+
+def test_giving_an_agents_edits_back_with_the_index_locked_is_one_line(tmp_path):
+    from perfloop.core.errors import EnvironmentFailure
+    from perfloop.store import gitops
+
+    for args in (["init", "-q", "-b", "main"], ["config", "user.email", "t@example.com"],
+                 ["config", "user.name", "t"]):
+        git(tmp_path, *args)
+    (tmp_path / "k").mkdir()
+    (tmp_path / "k" / "f").write_text("one\n")
+    git(tmp_path, "add", "-A")
+    git(tmp_path, "commit", "-q", "-m", "one")
+    first = git(tmp_path, "rev-parse", "HEAD")
+    (tmp_path / "k" / "f").write_text("two\n")
+    git(tmp_path, "commit", "-q", "-am", "two")
+    (tmp_path / ".git" / "index.lock").write_text("")
+    repo = gitops.open_repo(tmp_path)
+    with pytest.raises(EnvironmentFailure, match="index.lock': File exists") as caught:
+        gitops.restore_worktree(repo, first, "k")
+    assert caught.value.exit_code == 1 and (tmp_path / "k" / "f").read_text() == "two\n"
+    (tmp_path / ".git" / "index.lock").unlink()
+    gitops.restore_worktree(repo, first, "k")
+    assert (tmp_path / "k" / "f").read_text() == "one\n"
+    assert git(tmp_path, "diff", "--cached", "--name-only") == ""  # the index is left alone

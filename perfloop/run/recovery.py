@@ -48,7 +48,7 @@ def recover(s: Session) -> Proposal | None:
         gitops.move_branch_to(s.repo, state.incumbent, s.folder_rel)
         if proposal.kind == Kind.AGENT:
             # the agent's edits go back to being uncommitted changes, as before the step
-            s.repo.git.restore(f"--source={ours}", "--worktree", "--", s.folder_rel)
+            gitops.restore_worktree(s.repo, ours, s.folder_rel)
     elif proposal.kind == Kind.PLAYBOOK and inside:
         gitops.restore_folder(s.repo, state.incumbent, s.folder_rel)  # perfloop's knobs.json
     state.in_flight = None

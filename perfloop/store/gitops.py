@@ -304,6 +304,13 @@ def restore_folder(repo: git.Repo, sha: str, folder_rel: str) -> None:
     repo.git.restore(f"--source={sha}", "--staged", "--worktree", "--", folder_rel)
 
 
+@writes
+def restore_worktree(repo: git.Repo, sha: str, folder_rel: str) -> None:
+    """The folder's files as in commit `sha`, the index left alone: they show as uncommitted
+    changes (an agent's edits, given back after their commit was set aside)."""
+    repo.git.restore(f"--source={sha}", "--worktree", "--", folder_rel)
+
+
 def export_folder(repo: git.Repo, sha: str, folder_rel: str, dest: Path) -> Path:
     """Write the folder as it is in commit `sha` under dest; returns the folder's copy."""
     target = dest / Path(folder_rel).name
