@@ -51,10 +51,26 @@ class Parser(argparse.ArgumentParser):
                      "help": self.format_help()}), file=file or sys.stdout)
 
 
+class Version(argparse.Action):
+    """--version; with --json one JSON object, shaped like --help's."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS,
+                 help="show perfloop's version and exit"):
+        super().__init__(option_strings, dest, nargs=0, default=default, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if parser.json_help:
+            print(dumps({"schema": SCHEMA, "command": None, "ok": True,
+                         "version": __version__}))
+        else:
+            print(f"perfloop {__version__}")
+        parser.exit()
+
+
 def parser(json_help: bool = False) -> argparse.ArgumentParser:
     top = Parser(prog="perfloop", description=DESCRIPTION, json_help=json_help,
                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    top.add_argument("--version", action="version", version=f"perfloop {__version__}")
+    top.add_argument("--version", action=Version)
     subs = top.add_subparsers(dest="command", metavar="COMMAND", required=True,
                               parser_class=Parser)
     for name, module in COMMANDS.items():

@@ -209,6 +209,22 @@ def test_help_with_json_is_json(scratch, args):
     assert answer["command"] == (args[0] if len(args) == 2 else None)
 
 
+def test_version_with_json_is_json():
+    """Before, `--version --json` printed the plain `perfloop X.Y.Z`."""
+    from perfloop import __version__
+
+    for args in (["--version", "--json"], ["--json", "--version"]):
+        proc = subprocess.run([sys.executable, "-m", "perfloop", *args], capture_output=True,
+                              text=True, env={**os.environ, "PYTHONPATH": pythonpath()})
+        assert proc.returncode == 0 and proc.stderr == ""
+        [line] = proc.stdout.splitlines()
+        assert json.loads(line) == {"schema": 1, "command": None, "ok": True,
+                                    "version": __version__}
+    proc = subprocess.run([sys.executable, "-m", "perfloop", "--version"], capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": pythonpath()})
+    assert proc.stdout == f"perfloop {__version__}\n"
+
+
 def test_sandbox_is_ignored_in_a_linked_worktree(scratch, tmp_path):
     """Before, the ignore line went to .git/worktrees/<name>/info/exclude, which git never
     reads: sandbox/ showed as untracked there."""
