@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import tempfile
 import traceback
@@ -14,7 +15,7 @@ from perfloop.commands import bench, check, init, profile, report, run, status, 
 from perfloop.commands import next as next_command
 from perfloop.core import progress, spawn
 from perfloop.core.atomic import dumps
-from perfloop.core.errors import UserError
+from perfloop.core.errors import Terminated, UserError
 from perfloop.measure import process
 from perfloop.report.views import SCHEMA
 from perfloop.store import preflight
@@ -120,6 +121,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+def _terminated(signum, frame):
+    """SIGTERM is taken as Ctrl-C is, once: a second one would cut short the clean-up that
+    records the interruption (kill -9 still ends perfloop at once, and resume copes)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise Terminated()
+
+
 def _main(argv: list[str]) -> int:
     try:
         args = parser(json_help="--json" in argv).parse_args(argv)
@@ -130,10 +138,14 @@ def _main(argv: list[str]) -> int:
     module = COMMANDS[args.command]
     progress.configure(json_answer=getattr(args, "json", False))
     spawn.become_subreaper()  # daemons that kernel code leaves come back here, to be killed
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         result = module.execute(args)
     except UserError as exc:
         return _emit_error(args, str(exc), exc.exit_code)
+    except Terminated:
+        return _emit_error(args, "terminated (SIGTERM); `perfloop run --resume` continues the "
+                                 "run", Terminated.exit_code)
     except KeyboardInterrupt:
         return _emit_error(args, "interrupted; `perfloop run --resume` continues the run", 130)
     except BrokenPipeError as exc:  # a child's pipe, not the reader's (nothing printed yet)

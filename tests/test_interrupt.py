@@ -127,3 +127,23 @@ def test_ctrl_c_to_the_group_while_timing_mid_run(gains):
     assert code == 0, err
     _, recs = assert_consistent(gains, 2)
     assert recs[1]["optimization"] == "fast_math"
+
+
+def test_sigterm_mid_run_is_recorded_as_an_interruption(gains):
+    """`kill PID` (a scheduler's time limit, a supervisor) during a run's timing: exit 143,
+    the interruption in state.json as for Ctrl-C, and `--resume` goes on. Before, SIGTERM
+    killed perfloop where it stood and `interrupted` stayed null."""
+    proc = spawn(gains.path, "run", "--kernel", "scripted", env={"SCRIPTED_DELAY_S": "0.002"})
+    wait_until_timing(gains.path, 300)
+    os.kill(proc.pid, signal.SIGTERM)  # perfloop alone, not its group
+    code, out, err = answer(proc, timeout=120)
+    assert code == 143 and out["exit_code"] == 143, (out, err)
+    assert "SIGTERM" in out["error"] and "--resume" in out["error"] and "Traceback" not in err
+    assert state(gains)["interrupted"].startswith("interrupted at")
+    assert state(gains)["interrupted"].endswith("by SIGTERM")
+    assert not group_alive(proc.pid)
+    assert_consistent(gains, 1)
+    code, out, err = gains.cli("run", "--kernel", "scripted", "--resume", "--max-iterations", "1")
+    assert code == 0, err
+    st, recs = assert_consistent(gains, 2)
+    assert st["interrupted"] is None and recs[1]["optimization"] == "fast_math"

@@ -34,3 +34,11 @@ class EnvironmentFailure(UserError):
     def __init__(self, message: str, during: bool = False):
         super().__init__(message)
         self.exit_code = 1 if during else 2
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (`kill PID`, a scheduler's time limit): an interruption like Ctrl-C, so it
+    takes the same way out (the experiment set aside or left in flight, the interruption
+    written into state.json), and exits 143, the status a shell gives a SIGTERM."""
+
+    exit_code = 143

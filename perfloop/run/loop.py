@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from perfloop.core import kernel, knobspace, traffic, workload
-from perfloop.core.errors import UserError
+from perfloop.core.errors import Terminated, UserError
 from perfloop.core.faults import crashpoint
 from perfloop.core.vocab import Kind, Status, Stop, StopReason
 from perfloop.plan import planner
@@ -35,15 +35,16 @@ def _archive(s: Session, existing: State) -> Path:
 
 @contextmanager
 def interruptible(s: Session):
-    """Ctrl-C (KeyboardInterrupt) in the block is written into the run's state, whose
-    in-flight marker, if any, `run --resume` or `step --resume` finishes; then it goes on
-    (the CLI exits 130)."""
+    """Ctrl-C (KeyboardInterrupt) or SIGTERM (Terminated) in the block is written into the
+    run's state, whose in-flight marker, if any, `run --resume` or `step --resume` finishes;
+    then it goes on (the CLI exits 130, or 143 for SIGTERM)."""
     try:
         yield
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         if s.has_state():  # (no run was made yet: nothing to say)
+            how = " by SIGTERM" if isinstance(exc, Terminated) else ""
             s.state.interrupted = Stop(StopReason.INTERRUPTED,
-                                       f"interrupted at {time.strftime('%H:%M:%S')}")
+                                       f"interrupted at {time.strftime('%H:%M:%S')}{how}")
             s.save_state()
         raise
 
