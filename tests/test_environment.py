@@ -94,6 +94,25 @@ def test_a_malformed_in_flight_marker(started, broken):
     assert unchanged(started) == before
 
 
+def test_an_in_flight_iteration_the_record_cannot_have(started):
+    """The marker's experiment is the next one (1 here) or the last recorded one being
+    finished (0); before, `status` accepted -1 or 99 and said nothing. `--new` still sets
+    such a run aside."""
+    path = started.path / SANDBOX / "state.json"
+    state = json.loads(path.read_text())
+    for iteration in (-1, 2, 99):
+        path.write_text(json.dumps({**state, "in_flight": {"iteration": iteration,
+                                                           "kind": "agent"}}))
+        before = unchanged(started)
+        for args in (["status"], ["run", "--resume"], ["step", "--resume"], ["init"]):
+            code, _, err = human(started.path, args[0], "--kernel", "scripted", *args[1:])
+            assert code == 2, (iteration, args, err)
+            assert_one_line(err, "state.json is corrupted", f"'in_flight.iteration' is "
+                            f"{iteration}", "only 0 or 1", "--new")
+        assert unchanged(started) == before
+    assert started.cli("init", "--kernel", "scripted", "--new")[0] == 0
+
+
 def test_an_incumbent_of_zeros_is_not_a_commit(started):
     path = started.path / SANDBOX / "state.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), "incumbent": "0" * 40}))

@@ -203,3 +203,84 @@ def test_resume_refused_for_edits_inside_changes_nothing(scratch, phase):
     code, out, err = scratch.cli("run", "--kernel", "scripted", "--resume", "--max-iterations", "0")
     assert code == 0, err
     assert_consistent(scratch, 2)
+
+
+# ---- a table that the record does not match, with an experiment in flight (issue 29) -------
+def kill_during_a_step(scratch, opt: str, phase: str, iteration: int) -> dict:
+    code, _, _ = scratch.cli("step", "--kernel", "scripted", "--opt", opt,
+                             env={"PERFLOOP_CRASH_AT": f"{phase}@{iteration}"
+                                  if phase != "committed" else phase})
+    assert code == -9
+    state = json.loads((scratch.path / "sandbox/scripted/state.json").read_text())
+    assert state["in_flight"]["iteration"] == iteration
+    return state
+
+
+def test_a_table_row_the_record_lacks_is_repaired_by_resume(started):
+    """A row for the experiment in flight that has no record line (a table edited by hand, or
+    written ahead of its record): no ref of that number exists, so no experiment is lost by
+    dropping it. Before, `run --resume` refused for it, and so did `run --new`."""
+    kill_during_a_step(started, "fast_math", "committed", 1)
+    path = started.path / "sandbox/scripted/perf_results.md"
+    path.write_text(path.read_text() + table.format_row(1, "invented", 0.1, "PASS", "keep"))
+    code, out, err = started.cli("run", "--kernel", "scripted", "--resume", "--max-iterations",
+                                 "0")
+    assert code == 0, err
+    assert "had 2 rows for 1 experiments; rewritten from the record" in err
+    state, recs = assert_consistent(started, 2)
+    assert recs[1]["optimization"] == "fast_math" and "invented" not in started.table()
+    assert "invented" in next(path.parent.glob("perf_results.replaced-*.md")).read_text()
+    assert git(started.path, "for-each-ref", "--format=%(refname)",
+               f"refs/perfloop/{state['branch']}/abandoned-01-*")  # the first try, set aside
+
+
+def test_a_record_that_lost_experiments_is_set_aside_by_new(started):
+    """The record cut back to its baseline while iteration 2 is in flight: iteration 1's row
+    and ref outlive it, so repairing the table would let the next experiment take over the
+    ref iter-01. `--resume` refuses, naming --new; `--new` sets the run aside (before, it
+    refused too, for the experiment in flight: a dead end)."""
+    assert started.cli("step", "--kernel", "scripted", "--opt", "fast_math")[0] == 0
+    old = kill_during_a_step(started, "tile_shape", "committed", 2)
+    unrecorded = started.head()
+    records = started.path / "sandbox/scripted/experiments.jsonl"
+    records.write_text(records.read_text().splitlines(keepends=True)[0])
+    (started.path / "notes.txt").write_text("the user's own\n")
+    before = started.snapshot()
+    for args in (["run", "--resume"], ["status"]):
+        code, out, err = started.cli(*args[:1], "--kernel", "scripted", *args[1:])
+        assert code == 2 and "--new" in out["error"] and "iter-01" in out["error"], err
+        assert started.snapshot() == before
+    code, out, err = started.cli("run", "--kernel", "scripted", "--new", "--max-iterations", "0")
+    assert code == 0, err
+    assert (started.path / "notes.txt").read_text() == "the user's own\n"
+    (started.path / "notes.txt").unlink()
+    state, recs = assert_consistent(started, 1)
+    # the new run starts from the old incumbent, not from the experiment never finished
+    assert state["base_commit"] == old["incumbent"] and state["branch"] != old["branch"]
+    refs = git(started.path, "for-each-ref", "--format=%(objectname) %(refname)")
+    assert f"{unrecorded} refs/perfloop/{old['branch']}/abandoned-02-" in refs
+    assert f"refs/perfloop/{old['branch']}/iter-01" in refs
+    assert git(started.path, "rev-parse", old["branch"]) == unrecorded  # left as it was
+    archived = started.path / "sandbox/_archive/scripted"
+    assert [p.name for p in archived.iterdir()] == [f"{old['branch']}-{int(old['started_at'])}"]
+
+
+def test_new_puts_back_the_knobs_perfloop_wrote_for_an_experiment_in_flight(started):
+    """Killed between writing knobs.json and committing it: that file is perfloop's (the
+    marker holds its digest), so `init --new` puts it back instead of refusing it as the
+    user's uncommitted change."""
+    from perfloop.run.finish import knobs_digest
+
+    kill_during_a_step(started, "fast_math", "timing", 1)
+    knobs = started.kernel / "knobs.json"
+    committed = knobs.read_text()
+    text = committed.replace('"fast_math": false', '"fast_math": true')
+    path = started.path / "sandbox/scripted/state.json"
+    state = json.loads(path.read_text())
+    state["in_flight"]["knobs_sha256"] = knobs_digest(text)
+    path.write_text(json.dumps(state))
+    knobs.write_text(text)
+    code, out, err = started.cli("init", "--kernel", "scripted", "--new")
+    assert code == 0, err
+    assert knobs.read_text() == committed
+    assert_consistent(started, 1)

@@ -49,15 +49,19 @@ def interruptible(s: Session):
         raise
 
 
-def _require_startable(s: Session, new: bool) -> State | None:
-    """Everything init checks before it writes anything."""
+def _require_startable(s: Session, new: bool) -> tuple[State | None, recovery.Aside]:
+    """Everything init checks before it writes anything; returns the run to set aside (with
+    --new) and how."""
     gitops.current_branch(s.repo)
-    s.preflight(gitops.head(s.repo))
-    gitops.require_clean(s.repo)
+    existing = s.load_state(strict=not new)
+    aside = recovery.plan_aside(s, existing if new else None)
+    s.preflight(aside.base)
+    knobs = [f"{s.folder_rel}/{kernel.KNOBS}"] if aside.knobs else []  # perfloop's, put back
+    gitops.require_clean(s.repo, excused=knobs)
     folder = s.folder_rel
-    loose = s.changes_inside_folder()
+    loose = [p for p in s.changes_inside_folder() if p not in knobs]
     missing = [name for name in (kernel.MANIFEST, kernel.KNOBS, kernel.MODULE)
-               if gitops.file_at(s.repo, "HEAD", f"{folder}/{name}") is None]
+               if gitops.file_at(s.repo, aside.base, f"{folder}/{name}") is None]
     if missing or loose:
         raise UserError(f"the kernel folder {folder}/ is not committed "
                         f"({gitops.listing(missing or loose)}); perfloop records experiments as "
@@ -72,23 +76,18 @@ def _require_startable(s: Session, new: bool) -> State | None:
     if shadows:
         raise UserError(f"{gitops.listing(shadows)} could be imported by the judge but is not "
                         "committed (new, ignored or changed); commit or remove it first")
-    existing = s.load_state(strict=not new)
-    if existing is not None and existing.in_flight:  # --new too: HEAD may be its commit
-        raise UserError(f"iteration {existing.in_flight['iteration']} of the run on branch "
-                        f"{existing.branch} was interrupted; finish it with `perfloop run "
-                        "--resume` first (then --new archives the run)")
     if existing is not None and existing.stop is None and not new:
         what = "was interrupted" if existing.interrupted or existing.in_flight else "is in progress"
         raise UserError(f"a run of '{s.spec.name}' {what} on branch {existing.branch}; continue "
                         "it with `perfloop run --resume`, or pass --new to archive it and start over")
-    return existing
+    return existing, aside
 
 
 def start(s: Session, new: bool = False) -> tuple[records.Experiment, str | None]:
     """Create the run's branch and state, and measure the baseline (iteration 0). A baseline
     that does not pass is undone: the user is back on their branch, the attempt archived;
     returns the baseline's record, and what was undone (None when it passed)."""
-    existing = _require_startable(s, new)
+    existing, aside = _require_startable(s, new)
     seed = workload.choose_seed(s.spec.workload)  # the held-out shapes', recorded in the state
     # the benchmark's traffic() is read by the timing process; a wrong one is refused here,
     # in one line, before a branch or a record is written
@@ -98,10 +97,11 @@ def start(s: Session, new: bool = False) -> tuple[records.Experiment, str | None
                         knobspace.space_for(s.spec.folder))  # (likewise canonical(), restrict())
     previous = gitops.current_branch(s.repo)
     if existing is not None:
+        recovery.set_aside(s, aside)
         _archive(s, existing)
     s.ensure_sandbox_ignored()
     ahead.start(s)  # the baseline's judges and timer, while the run's branch is made
-    _make_run(s, previous, seed)
+    _make_run(s, previous, seed, aside.base)
     record = experiment.run(s, Proposal(Kind.BASELINE))
     planning.settle(s)
     if record.status == Status.KEEP:
@@ -114,13 +114,12 @@ def start(s: Session, new: bool = False) -> tuple[records.Experiment, str | None
                     f"branch {branch} deleted, the attempt's record in {archive}")
 
 
-def _make_run(s: Session, previous: str, seed: int | None) -> None:
-    """The run's branch, its base ref and its state, all or none: a failure or a Ctrl-C
-    before the state is saved puts the user back on `previous`."""
+def _make_run(s: Session, previous: str, seed: int | None, sha: str) -> None:
+    """The run's branch at commit `sha`, its base ref and its state, all or none: a failure
+    or a Ctrl-C before the state is saved puts the user back on `previous`."""
     branch = gitops.unique_branch(s.repo, f"cutile-perf-{s.spec.name}-{date.today():%Y%m%d}")
-    sha = gitops.head(s.repo)
     base = f"{gitops.REF_PREFIX}/{branch}/base"
-    gitops.create_branch(s.repo, branch)
+    gitops.create_branch(s.repo, branch, sha)
     try:
         crashpoint("branched")
         gitops.set_ref(s.repo, base, sha)  # reserves the name

@@ -149,8 +149,8 @@ def listing(paths: list[str], most: int = 5) -> str:
     return ", ".join(paths[:most]) + (" ..." if len(paths) > most else "")
 
 
-def require_clean(repo: git.Repo) -> None:
-    dirty = status_paths(repo)
+def require_clean(repo: git.Repo, excused: list[str] = ()) -> None:
+    dirty = [p for p in status_paths(repo) if p not in excused]
     if dirty:
         raise UserError(f"uncommitted changes to tracked files ({listing(dirty)}); commit or "
                         "stash them first: perfloop never runs over work it did not make")
@@ -183,8 +183,9 @@ def unique_branch(repo: git.Repo, base: str) -> str:
 
 
 @writes
-def create_branch(repo: git.Repo, name: str) -> None:
-    repo.create_head(name, repo.head.commit).checkout()
+def create_branch(repo: git.Repo, name: str, at: str | None = None) -> None:
+    """Make branch `name` at commit `at` (default HEAD) and check it out."""
+    repo.create_head(name, at or repo.head.commit).checkout()
 
 
 @writes

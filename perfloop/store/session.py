@@ -274,33 +274,73 @@ class Session:
             if not gitops.commit_exists(self.repo, sha):
                 raise UserError(f"{self.state_path} names {name} {sha[:12]}, which is not a "
                                 "commit in this repository; restore the file or move it aside")
-        self._check_record(strict)
+        if strict:  # (--new sets a run aside whole, whatever its record says)
+            # the refs before the record: a ref is set after its record line, so a writer
+            # that adds both meanwhile cannot make a reader see a ref beyond the record
+            refs = self._iteration_refs(state.branch)
+            recs, rows = self._check_record(), table.read_rows(self.table_path)
+            self._check_refs(recs, rows, state.branch, refs)
+            self._check_flight(state, len(recs))
+            self._repair_table(recs, rows)
         return state
 
-    def _check_record(self, strict: bool) -> None:
-        """The record holds iterations 0, 1, ... once each, and the table (derived from it)
-        has their rows; a row may lag its record by one after a kill, which recovery
-        completes. A table that lost or garbled rows is rewritten from the record by a writer
-        (readers answer from the record); one with rows the record lacks is refused: the
-        record may have lost them. --new sets either aside (not `strict`)."""
-        if not strict:
-            return
-        recs, rows = self.records(), table.read_rows(self.table_path)
+    def _check_record(self) -> list[records.Experiment]:
+        """The record holds iterations 0, 1, ... once each; returns it."""
+        recs = self.records()
         numbers = [r.iteration for r in recs]
         if numbers != list(range(len(recs))):
             raise CorruptRecord(f"{self.records_path} does not hold iterations 0 to "
                                 f"{len(recs) - 1} once each, in order ({numbers[:8]}); "
                                 "restore it, or set the run aside with --new")
-        if len(rows) > len(recs):
-            raise UserError(f"{self.table_path} has {len(rows)} rows but {self.records_path} "
-                            f"has {len(recs)} experiments; one of them was edited or truncated "
-                            "by hand: restore it, or move the run aside with --new")
+        return recs
+
+    def _check_flight(self, state: State, recorded: int) -> None:
+        """The in-flight experiment is the next one, or the last recorded one being finished
+        (its record line is written before the marker is cleared): recovery would otherwise
+        finish an older experiment over the incumbent, or redo one under a number that
+        skips the record's."""
+        if state.in_flight is None:
+            return
+        it = state.in_flight["iteration"]
+        if it != recorded and not (it == recorded - 1 >= 0):
+            allowed = f"{recorded - 1} or {recorded}" if recorded else "0"
+            raise UserError(f"{self.state_path} is corrupted (ValueError: 'in_flight.iteration' "
+                            f"is {it}, but the record has {recorded} experiments, so it can be "
+                            f"only {allowed}); restore it, or set the run aside with --new")
+
+    def _check_refs(self, recs: list[records.Experiment], rows: list, branch: str,
+                    refs: dict[int, str]) -> None:
+        """The record may have lost experiments when an iteration ref past its last one
+        exists: the next experiment, numbered after the record, would move that ref off its
+        commit. Refused, whatever the table says; --new sets such a run aside."""
+        beyond = [name for number, name in sorted(refs.items()) if number >= len(recs)]
+        if beyond:
+            said = (f"{self.table_path} has {len(rows)} rows but " if len(rows) > len(recs)
+                    else "")
+            raise UserError(f"{said}{self.records_path} has {len(recs)} experiments, and "
+                            f"{beyond[0]} holds one it lacks: the record was edited or "
+                            "truncated by hand. Restore it, or set the run aside with "
+                            f"`perfloop run --new` (every commit stays under "
+                            f"{gitops.REF_PREFIX}/{branch}/)")
+
+    def _repair_table(self, recs: list[records.Experiment], rows: list) -> None:
+        """The table (derived from the record) has the record's rows; a row may lag its
+        record by one after a kill, which recovery completes. A table that lost, garbled or
+        gained rows is rewritten from the record by a writer (readers answer from the
+        record): _check_refs has made sure the record lost nothing."""
         if len(recs) - len(rows) in (0, 1) and all(
                 row[:1] == [str(r.iteration)] and row[-1:] == [r.status.value]
                 for row, r in zip(rows, recs)):
             return
         if self.locked:
             self._rewrite_table(recs, len(rows))
+
+    def _iteration_refs(self, branch: str) -> dict[int, str]:
+        """{NN: name} of the run's refs iter-NN (not its abandoned-* ones)."""
+        prefix = f"{gitops.REF_PREFIX}/{branch}/iter-"
+        return {int(name[len(prefix):]): name
+                for name in gitops.refs_under(self.repo, f"{gitops.REF_PREFIX}/{branch}/")
+                if name.startswith(prefix) and name[len(prefix):].isdigit()}
 
     def _rewrite_table(self, recs: list[records.Experiment], had: int) -> None:
         """The table from the record; the old one is kept beside it."""
