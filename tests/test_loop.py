@@ -31,7 +31,13 @@ def test_run_applies_one_optimization_per_iteration_and_stops_by_the_rules(scrat
     base = scratch.head()
     code, out, err = scratch.cli("run", "--kernel", "scripted")
     assert code == 0, err
-    assert out["ok"] and out["stop_reason"] == "1.00% faster: kept, gain under 2%: stop"
+    # occupancy=8 is 1% faster at the headline; the scripted timer adds a jitter of at most
+    # 0.1% to each launch, drawn at random (os.urandom), so the measured gain lies within
+    # 1 - 0.99 * (1 +- 0.001) / (1 -+ 0.001), 0.80% to 1.20%, and its second decimal varies
+    # (an exact "1.00%" failed 2 runs in 4)
+    assert out["ok"], out
+    said = re.fullmatch(r"(\d\.\d\d)% faster: kept, gain under 2%: stop", out["stop_reason"])
+    assert said and 0.80 <= float(said[1]) <= 1.20, out["stop_reason"]
     assert scratch.branch().startswith("cutile-perf-scripted-")
     rows = table.read_rows(scratch.path / "sandbox/scripted/perf_results.md")
     assert [(r[1], r[3], r[4]) for r in rows[:4]] == [
@@ -45,6 +51,7 @@ def test_run_applies_one_optimization_per_iteration_and_stops_by_the_rules(scrat
     assert all(ROW.match(line) for line in scratch.table().splitlines()[2:])
     recs = scratch.records()
     joint = recs[4]
+    assert said[1] == f"{100 * recs[3]['decision']['gain']:.2f}"  # the stop is occupancy's
     assert joint["optimization"] == "joint" and 1 < len(joint["candidates"]) <= 30
     assert all(set(p) == {"occupancy", "tile"} for p in joint["candidates"])
     # a space within [search] joint_max_configs is measured whole, and the record says so
