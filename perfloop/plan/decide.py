@@ -96,7 +96,8 @@ def decide(outcome: Evidence, rules: DecisionRules) -> Verdict:
 def stop_reason(iteration: int, verdicts: list[Verdict], rules: StopRules, remaining: int,
                 searched: list[bool] | None = None, searches: int = 0,
                 floor_shares: dict[str, float] | None = None,
-                spent_s: tuple[float, ...] = (), next_s: float | None = None
+                spent_s: tuple[float, ...] = (), next_s: float | None = None,
+                per_bucket: bool = False, buckets_stopped: vocab.Stop | None = None
                 ) -> vocab.Stop | None:
     """Why the loop stops after `iteration` (None: go on). `verdicts` excludes the baseline;
     `searched` flags the verdicts of search experiments (dispatch, joint), which close a run:
@@ -104,7 +105,9 @@ def stop_reason(iteration: int, verdicts: list[Verdict], rules: StopRules, remai
     `floor_shares`: the incumbent's share of the physical floor per shape. `spent_s`: the
     wall time of each experiment so far, baseline included; `next_s`: the next one's estimate
     (perfloop.plan.budget; None: as long as the slowest so far; 0: there is none), where the
-    experiments that fit the budget go first (suggest.suggestions)."""
+    experiments that fit the budget go first (suggest.suggestions). `per_bucket`: the benchmark
+    spans several buckets, and "no improvement" and "gain under 2%" end the run only when every
+    bucket has stopped: then `buckets_stopped` says so (perfloop.plan.bucket_stops)."""
     if iteration >= rules.max_iterations:
         return vocab.Stop(StopReason.MAX_ITERATIONS,
                           f"reached the iteration limit ({rules.max_iterations})")
@@ -123,7 +126,17 @@ def stop_reason(iteration: int, verdicts: list[Verdict], rules: StopRules, remai
             f"at the roofline: every shape runs at {100 * share:g}% of its physical floor "
             f"or more (least: {worst} at {100 * floor_shares[worst]:.1f}%); nothing "
             "measurable is left"))
-    searched = searched or [False] * len(verdicts)
+    if per_bucket:
+        found = buckets_stopped
+    else:
+        found = _run_stop(verdicts, searched or [False] * len(verdicts), rules)
+    if found is None and remaining == 0:
+        found = NOTHING_LEFT
+    return None if found and searches else found
+
+
+def _run_stop(verdicts: list[Verdict], searched: list[bool], rules: StopRules) -> vocab.Stop | None:
+    """The minor-gain and no-improvement rules over the whole run (one bucket)."""
     found = None
     stops = [i for i, v in enumerate(verdicts) if v.stop]
     if stops and all(searched[stops[-1] + 1:]):
@@ -140,9 +153,7 @@ def stop_reason(iteration: int, verdicts: list[Verdict], rules: StopRules, remai
     if found is None and streak >= rules.no_improvement_streak:
         found = vocab.Stop(StopReason.NO_IMPROVEMENT,
                            f"no improvement in {streak} consecutive iterations of the catalog")
-    if found is None and remaining == 0:
-        found = NOTHING_LEFT
-    return None if found and searches else found
+    return found
 
 
 NOTHING_LEFT = vocab.Stop(StopReason.NOTHING_LEFT, "nothing left to try")

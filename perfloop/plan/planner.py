@@ -13,7 +13,7 @@ import dataclasses
 from perfloop.core import dispatch_table as dispatch
 from perfloop.core.naming import SEARCH_IDS
 from perfloop.core.vocab import Kind, Status, Stop, StopReason
-from perfloop.plan import budget, decide, profile_rank, search
+from perfloop.plan import bucket_stops, budget, decide, profile_rank, search
 from perfloop.plan.proposal import Proposal
 from perfloop.plan.view import RunView
 from perfloop.store.records import incumbent_timed
@@ -171,6 +171,14 @@ def floor_shares(v: RunView) -> dict[str, float] | None:
     return shares if shares and None not in shares.values() else None
 
 
+def per_bucket(v: RunView) -> dict:
+    """The stop rules' per-bucket arguments (perfloop.plan.bucket_stops)."""
+    recs = [r.to_dict() for r in v.records]
+    headline = v.spec.headline.name
+    return bucket_stops.stop_args(recs, headline, search.headline_bucket(recs, headline),
+                                  v.rules.decision, v.rules.stop.no_improvement_streak)
+
+
 def _stop_rule(v: RunView, ranked: list, searches_: int, next_s: float) -> Stop | None:
     recs = v.records
     done = [r for r in recs if r.kind != Kind.BASELINE]
@@ -179,7 +187,7 @@ def _stop_rule(v: RunView, ranked: list, searches_: int, next_s: float) -> Stop 
         recs[-1].iteration if recs else 0, verdicts_, v.rules.stop,
         len(ranked) if verdicts_ else 1, searched=[r.optimization in SEARCH_IDS for r in done],
         searches=searches_, floor_shares=floor_shares(v),
-        spent_s=tuple(x.seconds for x in spent(v)), next_s=next_s)
+        spent_s=tuple(x.seconds for x in spent(v)), next_s=next_s, **per_bucket(v))
 
 
 def plan(v: RunView) -> tuple[Stop | None, list]:
@@ -192,7 +200,8 @@ def plan(v: RunView) -> tuple[Stop | None, list]:
     verdicts_ = verdicts(v)
     searched = [r.optimization in SEARCH_IDS for r in recs if r.kind != Kind.BASELINE]
     due = bool(verdicts_) and decide.stop_reason(
-        recs[-1].iteration, verdicts_, v.rules.stop, len(ranked), searched=searched) is not None
+        recs[-1].iteration, verdicts_, v.rules.stop, len(ranked), searched=searched,
+        **per_bucket(v)) is not None
     offered = suggestions(v, ranked, extra, stop_due=due, floor_shares=floor_shares(v))
     next_s = estimate(v, offered[0]) if v.rules.stop.time_budget_s and offered else 0.0
     stop = _stop_rule(v, ranked, len(extra), next_s)

@@ -1,0 +1,106 @@
+"""The seed's stop rules per bucket (issue: fast at the user's workload): a run whose benchmark
+spans several buckets stops on "no improvement" or "gain under 2%" only when every bucket has
+stopped by one of them, so a bucket still gaining keeps the run going though the headline's
+has settled. Pure, over plain record lines (records.plain)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from perfloop.core.naming import SEARCH_IDS
+from perfloop.core.playbook import DecisionRules
+from perfloop.core.stats import compare
+from perfloop.core.vocab import INCUMBENT, Kind, Status, Stop, StopReason
+
+
+@dataclass(frozen=True)
+class BucketStop:
+    reason: StopReason     # MINOR_GAIN or NO_IMPROVEMENT
+    detail: str
+
+
+def focus_shapes(recs: list[dict], headline: str) -> dict[str, str]:
+    """{bucket: the benchmark shape whose gain decides there}: the headline in its bucket, else
+    the bucket's first benchmark shape in the baseline's order."""
+    base = next((r for r in recs if r.get("kind") == Kind.BASELINE), None)
+    shapes = ((base or {}).get("timing") or {}).get("shapes") or {}
+    out: dict[str, str] = {}
+    for name, shape in shapes.items():
+        bucket = shape.get("bucket")
+        if bucket is None or shape.get("held_back"):
+            continue
+        if name == headline:
+            out[bucket] = name
+        else:
+            out.setdefault(bucket, name)
+    return out
+
+
+def _gains(record: dict, focus: dict[str, str], rules: DecisionRules) -> dict[str, float]:
+    """{bucket: gain} where this kept experiment's chosen candidate beat the incumbent at the
+    bucket's focus shape by a gain the rules count."""
+    timing = record.get("timing") or {}
+    chosen = timing.get("chosen")
+    if record.get("status") != Status.KEEP or chosen is None:
+        return {}
+    passes = timing.get("selection") or timing.get("shapes") or {}
+    out = {}
+    for bucket, name in focus.items():
+        variants = (passes.get(name) or {}).get("variants") or {}
+        if chosen not in variants or INCUMBENT not in variants:
+            continue
+        c = compare(variants[INCUMBENT]["round_medians_ms"], variants[chosen]["round_medians_ms"],
+                    noise=passes[name].get("noise", 0.0))
+        if c.ci_high < 1.0 and c.gain > max(c.noise, rules.min_gain):
+            out[bucket] = c.gain
+    return out
+
+
+def bucket_stops(recs: list[dict], headline: str, rules: DecisionRules,
+                 streak_limit: int) -> dict[str, BucketStop | None]:
+    """{bucket: why it has stopped, None while it goes on}, for every bucket of the benchmark.
+    A catalog experiment that gains nothing in a bucket adds to its streak (searches re-measure
+    values already tried, as in decide.stop_reason); a gain under the minor gain stops it, a
+    larger one sets it going again."""
+    focus = focus_shapes(recs, headline)
+    streak = dict.fromkeys(focus, 0)
+    minor: dict[str, str | None] = dict.fromkeys(focus)
+    for record in recs:
+        if record.get("kind") in (Kind.BASELINE, Kind.CONFIRMATION):
+            continue
+        won = _gains(record, focus, rules)
+        for bucket in focus:
+            if bucket in won:
+                streak[bucket] = 0
+                small = won[bucket] < rules.minor_gain
+                minor[bucket] = (f"{100 * won[bucket]:.2f}% faster in iteration "
+                                 f"{record['iteration']}, under {100 * rules.minor_gain:g}%"
+                                 if small else None)
+            elif record.get("optimization") not in SEARCH_IDS:
+                streak[bucket] += 1
+    out: dict[str, BucketStop | None] = {}
+    for bucket in focus:
+        if minor[bucket]:
+            out[bucket] = BucketStop(StopReason.MINOR_GAIN, minor[bucket])
+        elif streak[bucket] >= streak_limit:
+            out[bucket] = BucketStop(StopReason.NO_IMPROVEMENT,
+                                     f"no improvement in {streak[bucket]} catalog iterations")
+        else:
+            out[bucket] = None
+    return out
+
+
+def stop_args(recs: list[dict], headline: str, headline_bucket: str | None,
+              rules: DecisionRules, streak_limit: int) -> dict:
+    """decide.stop_reason's per-bucket arguments: whether the benchmark spans several buckets,
+    and, when every one of them has stopped, the run's Stop (with the headline bucket's
+    reason, naming each bucket's)."""
+    stops = bucket_stops(recs, headline, rules, streak_limit)
+    if len(stops) < 2:
+        return {}
+    if any(s is None for s in stops.values()):
+        return {"per_bucket": True}
+    lead = stops.get(headline_bucket) or next(iter(stops.values()))
+    said = "; ".join(f"{b}: {s.detail}" for b, s in stops.items())
+    return {"per_bucket": True,
+            "buckets_stopped": Stop(lead.reason, f"every bucket has stopped ({said})")}
