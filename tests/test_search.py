@@ -717,7 +717,8 @@ def test_a_stop_held_off_by_the_searches_lets_no_catalog_step_in_ahead_of_them(
     # the streak the searches held off ends the run, and says why now
     stop = planner.plan(planning.view(session))[0]
     assert stop.reason is StopReason.NO_IMPROVEMENT, stop
-    assert "consecutive iterations" in stop.detail and "estimated at 150 s" in stop.detail
+    assert "every bucket has stopped" in stop.detail and "no improvement in 3" in stop.detail
+    assert "estimated at 150 s" in stop.detail
 
 
 def _estimate(kind, candidates, spent):
@@ -1031,8 +1032,9 @@ WORKLOAD = ('\n[workload]\ndims = ["n"]\nn = [1500, 3000]\ndtypes = ["float32"]\
 
 
 def test_a_dispatch_times_the_shapes_drawn_from_a_declared_workload(scratch):
-    """With [workload] and no [[held_back]], the held-back shapes of a dispatch are the ones
-    drawn from the workload with the run's seed."""
+    """With [workload] and no [[held_back]], a dispatch is checked at the shapes drawn from the
+    workload with the run's seed, and at one held-back shape derived in each changed bucket
+    (drawn shapes may all fall in another bucket)."""
     toml = scratch.kernel / "kernel.toml"
     toml.write_text(toml.read_text() + WORKLOAD)
     scratch.script([{**SPLIT[0], "factor": {**SPLIT[0]["factor"], "*": 0.8}}])
@@ -1045,7 +1047,8 @@ def test_a_dispatch_times_the_shapes_drawn_from_a_declared_workload(scratch):
     assert code == 0, err
     rec = scratch.records()[-1]
     assert rec["status"] == "keep", out["experiment"]["reason"]
-    assert set(rec["timing"]["shapes"]) == {"head", "tail", "held:fp32:1500", "held:fp32:3000"}
+    assert set(rec["timing"]["shapes"]) == {"head", "tail", "held:head", "held:tail",
+                                            "held:fp32:1500", "held:fp32:3000"}
 
 
 @pytest.mark.parametrize("held_3000, status", [(0.8, "keep"), (1.3, "revert")])
@@ -1064,8 +1067,8 @@ def test_with_a_workload_every_step_is_checked_at_its_held_out_shapes(scratch, h
                                  "--value", "[1, 2048]")
     assert code == 0, err
     rec = scratch.records()[-1]
-    assert set(rec["timing"]["shapes"]) == {"head", "guard", "tail", "held:fp32:1500",
-                                            "held:fp32:3000"}
+    assert set(rec["timing"]["shapes"]) == {"head", "guard", "tail", "held:head", "held:guard",
+                                            "held:tail", "held:fp32:1500", "held:fp32:3000"}
     assert rec["status"] == status, out["experiment"]["reason"]
     if status == "revert":
         assert "regression on held:fp32:3000" in out["experiment"]["reason"]

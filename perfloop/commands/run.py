@@ -14,7 +14,8 @@ DESCRIPTION = """\
 Runs the optimization loop on a kernel: a new branch, iteration 0 (baseline), then the
 playbook's optimizations one per iteration, each judged by the kernel's correctness tests and
 timed against the incumbent in the same process, committed, then kept or reverted. Stops after
-2 iterations in a row without improvement, after a kept gain under 2%, after iteration 25, when
+2 iterations in a row without improvement, after a kept gain under 2% (with several buckets:
+when each bucket has stopped by one of those two), after iteration 25, when
 nothing is left to try, or on Ctrl-C (then --resume continues). When a stop rule fires, the
 baseline and the final incumbent are timed against each other in one process: that ratio is
 the run's speedup in `perfloop report`. Needs an NVIDIA GPU, unless the kernel is timed by a
