@@ -11,10 +11,10 @@ RULES = load(SHIPPED).rules
 SHAPES = {"head": "big", "tail": "big", "guard": "small"}
 
 
-def _rounds(ratio: float) -> dict:
-    base = [1.0, 1.001, 0.999, 1.0005, 0.9995, 1.0, 1.0002, 0.9998]
-    return {"incumbent": {"round_medians_ms": base},
-            "candidate-0": {"round_medians_ms": [b * ratio for b in base]}}
+def _versus(ratio: float) -> dict:
+    """The final pass's comparison of the chosen candidate, as the verdict weighed it."""
+    return {"candidate-0": {"ratio": ratio, "ci_low": ratio - 0.002, "ci_high": ratio + 0.002,
+                            "noise": 0.001}}
 
 
 def baseline() -> dict:
@@ -26,7 +26,7 @@ def baseline() -> dict:
 def step(i: int, ratios: dict[str, float], status: str = "keep",
          optimization: str = "tile_shape") -> dict:
     """An experiment whose candidate ran at `ratios` of the incumbent's time per shape."""
-    shapes = {n: {"bucket": b, "noise": 0.001, "variants": _rounds(ratios.get(n, 1.0))}
+    shapes = {n: {"bucket": b, "vs_incumbent": _versus(ratios.get(n, 1.0))}
               for n, b in SHAPES.items()}
     return {"kind": "playbook", "iteration": i, "optimization": optimization, "status": status,
             "timing": {"chosen": "candidate-0" if status == "keep" else None, "shapes": shapes}}
@@ -85,3 +85,12 @@ def test_a_search_does_not_add_to_a_streak_and_a_larger_gain_sets_a_bucket_going
 def test_one_bucket_keeps_the_run_wide_rules():
     recs = [{**baseline(), "timing": {"shapes": {"head": {"bucket": "all"}}}}]
     assert bucket_stops.stop_args(recs, "head", "all", RULES.decision, 2) == {}
+
+
+def test_a_bucket_counts_the_final_pass_its_verdict_weighed_not_the_selection():
+    # (the README kernel's tile step was kept at a real gain in its final pass while its noisy
+    # selection pass could not tell: the bucket must see what the verdict saw)
+    record = step(1, {"head": 0.9, "guard": 0.9})
+    record["timing"]["selection"] = {n: {"bucket": b, "vs_incumbent": _versus(1.0)}
+                                     for n, b in SHAPES.items()}
+    assert stops([baseline(), record]) == {"big": None, "small": None}

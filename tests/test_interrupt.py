@@ -76,10 +76,11 @@ def test_ctrl_c_during_a_run_at_each_phase(gains):
         command = ["run", "--kernel", "scripted", "--resume"]
     code, out, err = gains.cli(*command)
     assert code == 0, err
-    st, recs = assert_consistent(gains, 6)
-    assert st["interrupted"] is None and out["stop_reason"].endswith("stop")
+    st, recs = assert_consistent(gains, 7)
+    assert st["interrupted"] is None and out["stopped_by"] == "minor-gain"
     assert [r["optimization"] for r in recs] == ["baseline", "fast_math", "tile_shape",
-                                                 "occupancy", "joint", "bucket-joint"]
+                                                 "occupancy", "persistent", "joint",
+                                                 "bucket-joint"]
     assert git(gains.path, "for-each-ref", "--format=%(refname)",
                f"refs/perfloop/{st['branch']}/abandoned-01-*")  # the commit set aside
 

@@ -59,10 +59,10 @@ def test_an_interrupted_run_resumed_ends_where_an_uninterrupted_one_does(scratch
     assert code == -9
     code, out, err = scratch.cli("run", "--kernel", "scripted", "--resume")
     assert code == 0, err
-    _, recs = assert_consistent(scratch, 6)
+    _, recs = assert_consistent(scratch, 7)
     assert [r["optimization"] for r in recs] == ["baseline", "fast_math", "tile_shape", "occupancy",
-                                                 "joint", "bucket-joint"]
-    assert out["stop_reason"].endswith("stop")
+                                                 "persistent", "joint", "bucket-joint"]
+    assert out["stopped_by"] == "minor-gain"
 
 
 def test_resume_with_nothing_interrupted_says_so(started):

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 from perfloop.core.naming import SEARCH_IDS
 from perfloop.core.playbook import DecisionRules
-from perfloop.core.stats import compare
-from perfloop.core.vocab import INCUMBENT, Kind, Status, Stop, StopReason
+from perfloop.core.stats import Comparison
+from perfloop.core.vocab import Kind, Status, Stop, StopReason
 
 
 @dataclass(frozen=True)
@@ -38,19 +38,17 @@ def focus_shapes(recs: list[dict], headline: str) -> dict[str, str]:
 
 def _gains(record: dict, focus: dict[str, str], rules: DecisionRules) -> dict[str, float]:
     """{bucket: gain} where this kept experiment's chosen candidate beat the incumbent at the
-    bucket's focus shape by a gain the rules count."""
+    bucket's focus shape by a gain the rules count, in the final pass its verdict weighed."""
     timing = record.get("timing") or {}
     chosen = timing.get("chosen")
     if record.get("status") != Status.KEEP or chosen is None:
         return {}
-    passes = timing.get("selection") or timing.get("shapes") or {}
     out = {}
     for bucket, name in focus.items():
-        variants = (passes.get(name) or {}).get("variants") or {}
-        if chosen not in variants or INCUMBENT not in variants:
+        measured = ((timing.get("shapes") or {}).get(name) or {}).get("vs_incumbent") or {}
+        if chosen not in measured:
             continue
-        c = compare(variants[INCUMBENT]["round_medians_ms"], variants[chosen]["round_medians_ms"],
-                    noise=passes[name].get("noise", 0.0))
+        c = Comparison(**measured[chosen])
         if c.ci_high < 1.0 and c.gain > max(c.noise, rules.min_gain):
             out[bucket] = c.gain
     return out
