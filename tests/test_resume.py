@@ -116,9 +116,9 @@ def test_ctrl_c_stops_the_run_and_resume_goes_on(scratch):
     assert_consistent(scratch, 1)
     code, out, err = scratch.cli("run", "--kernel", "scripted", "--resume")
     assert code == 0, err
-    _, recs = assert_consistent(scratch, 6)   # ... occupancy, then the joint searches
-    assert recs[1]["optimization"] == "fast_math" and recs[4]["optimization"] == "joint"
-    assert recs[5]["optimization"] == "bucket-joint"
+    _, recs = assert_consistent(scratch, 7)   # ... occupancy, persistent, the joint searches
+    assert recs[1]["optimization"] == "fast_math" and recs[5]["optimization"] == "joint"
+    assert recs[6]["optimization"] == "bucket-joint"
 
 
 @pytest.mark.parametrize("kind", ["agent", "playbook"])
