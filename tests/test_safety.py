@@ -115,21 +115,21 @@ def test_an_interrupted_run_is_not_archived_silently(started):
 @pytest.mark.parametrize("phase", ["commit", "committed"])
 def test_new_does_not_start_from_an_unrecorded_experiment(scratch, phase):
     """Killed right after its commit, the experiment is HEAD of the run's branch: a new run
-    started there would take it for its baseline. Found by the state-machine test."""
+    started there would take it for its baseline. Found by the state-machine test. --new sets
+    the old run aside (its branch as it was) and starts from its incumbent."""
     scratch.script([{"when": {"fast_math": True}, "factor": {"*": 0.8}}])
     scratch.commit_all("script")
     assert scratch.cli("init", "--kernel", "scripted")[0] == 0
     code, _, _ = scratch.cli("step", "--kernel", "scripted", "--opt", "fast_math",
                              env={"PERFLOOP_CRASH_AT": phase})
     assert code == -9
-    before = scratch.snapshot()
-    code, out, _ = scratch.cli("init", "--kernel", "scripted", "--new")
-    assert code == 2 and "was interrupted" in out["error"] and scratch.snapshot() == before
-    assert scratch.cli("run", "--kernel", "scripted", "--resume", "--max-iterations", "0")[0] == 0
-    finished = scratch.records()[-1]                     # the experiment, now recorded
+    state = json.loads((scratch.path / "sandbox/scripted/state.json").read_text())
+    tip = git(scratch.path, "rev-parse", state["branch"])
+    assert tip != state["incumbent"]                     # the unrecorded experiment's commit
     code, out, err = scratch.cli("init", "--kernel", "scripted", "--new")
     assert code == 0, err
-    assert out["status"]["base_commit"] == finished["commit"] and finished["status"] == "keep"
+    assert out["status"]["base_commit"] == state["incumbent"]
+    assert git(scratch.path, "rev-parse", state["branch"]) == tip   # left as it was
 
 
 # ---- 3. run identity: no run reuses another's branch or refs ------------------------------
