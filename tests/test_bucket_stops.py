@@ -47,7 +47,7 @@ def test_a_minor_gain_at_the_headline_stops_its_bucket_only():
     got = stops(recs)
     assert got["big"].reason is StopReason.MINOR_GAIN and "1.00% faster" in got["big"].detail
     assert got["small"] is None
-    args = bucket_stops.stop_args(recs, "head", "big", RULES.decision,
+    args = bucket_stops.stop_args(recs, "head", RULES.decision,
                                   RULES.stop.no_improvement_streak)
     assert args == {"per_bucket": True}
     # the run-wide rule would have stopped here; per bucket the small one still gains
@@ -64,7 +64,7 @@ def test_reverts_add_to_every_buckets_streak_and_the_run_stops_when_all_have_sto
     got = stops(recs)
     assert got["big"].reason is StopReason.MINOR_GAIN
     assert got["small"].reason is StopReason.NO_IMPROVEMENT and "2 catalog" in got["small"].detail
-    args = bucket_stops.stop_args(recs, "head", "big", RULES.decision,
+    args = bucket_stops.stop_args(recs, "head", RULES.decision,
                                   RULES.stop.no_improvement_streak)
     stop = decide.stop_reason(3, [], RULES.stop, 5, **args)
     assert stop.reason is StopReason.MINOR_GAIN
@@ -84,7 +84,7 @@ def test_a_search_does_not_add_to_a_streak_and_a_larger_gain_sets_a_bucket_going
 
 def test_one_bucket_keeps_the_run_wide_rules():
     recs = [{**baseline(), "timing": {"shapes": {"head": {"bucket": "all"}}}}]
-    assert bucket_stops.stop_args(recs, "head", "all", RULES.decision, 2) == {}
+    assert bucket_stops.stop_args(recs, "head", RULES.decision, 2) == {}
 
 
 def test_a_bucket_counts_the_final_pass_its_verdict_weighed_not_the_selection():

@@ -11,6 +11,7 @@ from perfloop.core.naming import SEARCH_IDS
 from perfloop.core.playbook import DecisionRules
 from perfloop.core.stats import Comparison
 from perfloop.core.vocab import Kind, Status, Stop, StopReason
+from perfloop.plan import decide
 
 
 @dataclass(frozen=True)
@@ -21,7 +22,8 @@ class BucketStop:
 
 def focus_shapes(recs: list[dict], headline: str) -> dict[str, str]:
     """{bucket: the benchmark shape whose gain decides there}: the headline in its bucket, else
-    the bucket's first benchmark shape in the baseline's order."""
+    the bucket's first benchmark shape in the baseline's order. (search.benchmark_buckets and
+    headline_bucket say as much, a layer above this one: planner imports it.)"""
     base = next((r for r in recs if r.get("kind") == Kind.BASELINE), None)
     shapes = ((base or {}).get("timing") or {}).get("shapes") or {}
     out: dict[str, str] = {}
@@ -49,7 +51,7 @@ def _gains(record: dict, focus: dict[str, str], rules: DecisionRules) -> dict[st
         if chosen not in measured:
             continue
         c = Comparison(**measured[chosen])
-        if c.ci_high < 1.0 and c.gain > max(c.noise, rules.min_gain):
+        if decide.real_gain(c, rules.min_gain):
             out[bucket] = c.gain
     return out
 
@@ -60,7 +62,11 @@ def bucket_stops(recs: list[dict], headline: str, rules: DecisionRules,
     A catalog experiment that gains nothing in a bucket adds to its streak (searches re-measure
     values already tried, as in decide.stop_reason); a gain under the minor gain stops it, a
     larger one sets it going again."""
-    focus = focus_shapes(recs, headline)
+    return _stops(recs, focus_shapes(recs, headline), rules, streak_limit)
+
+
+def _stops(recs: list[dict], focus: dict[str, str], rules: DecisionRules,
+           streak_limit: int) -> dict[str, BucketStop | None]:
     streak = dict.fromkeys(focus, 0)
     minor: dict[str, str | None] = dict.fromkeys(focus)
     for record in recs:
@@ -88,17 +94,19 @@ def bucket_stops(recs: list[dict], headline: str, rules: DecisionRules,
     return out
 
 
-def stop_args(recs: list[dict], headline: str, headline_bucket: str | None,
-              rules: DecisionRules, streak_limit: int) -> dict:
+def stop_args(recs: list[dict], headline: str, rules: DecisionRules,
+              streak_limit: int) -> dict:
     """decide.stop_reason's per-bucket arguments: whether the benchmark spans several buckets,
     and, when every one of them has stopped, the run's Stop (with the headline bucket's
     reason, naming each bucket's)."""
-    stops = bucket_stops(recs, headline, rules, streak_limit)
+    focus = focus_shapes(recs, headline)
+    stops = _stops(recs, focus, rules, streak_limit)
     if len(stops) < 2:
         return {}
     if any(s is None for s in stops.values()):
         return {"per_bucket": True}
-    lead = stops.get(headline_bucket) or next(iter(stops.values()))
+    lead = next((stops[b] for b, name in focus.items() if name == headline),
+                next(iter(stops.values())))
     said = "; ".join(f"{b}: {s.detail}" for b, s in stops.items())
     return {"per_bucket": True,
             "buckets_stopped": Stop(lead.reason, f"every bucket has stopped ({said})")}

@@ -42,7 +42,7 @@ class Verdict:
         object.__setattr__(self, "correctness", Correctness(self.correctness))
 
 
-def _real_gain(c: Comparison, min_gain: float = 0.0) -> bool:
+def real_gain(c: Comparison, min_gain: float = 0.0) -> bool:
     """A gain whose interval excludes zero and which exceeds the incumbent's own noise and the
     smallest gain the rules count."""
     return c.ci_high < 1.0 and c.gain > max(c.noise, min_gain)
@@ -75,7 +75,7 @@ def decide(outcome: Evidence, rules: DecisionRules) -> Verdict:
         worst = max(outcome.comparisons[s].ratio for s in slower)
         return Verdict(Status.REVERT, Correctness.PASS, f"regression on {', '.join(slower)} "
                        f"(up to {100 * (worst - 1):.1f}% slower)", gain=head.gain)
-    if not _real_gain(head, rules.min_gain):
+    if not real_gain(head, rules.min_gain):
         return Verdict(Status.REVERT, Correctness.PASS, "no improvement that the measurement "
                        f"can tell from noise ({100 * head.gain:+.2f}%, 95% CI of ratio "
                        f"[{head.ci_low:.4f}, {head.ci_high:.4f}], noise "
@@ -262,7 +262,7 @@ def bucket_winners(first_pass: dict, values: dict, in_force: str,
                 shape = first_pass[name]
                 c = compare(shape["variants"][in_force]["round_medians_ms"],
                             shape["variants"][label]["round_medians_ms"], noise=shape["noise"])
-                gains.append(c.gain if _real_gain(c, rules.min_gain) else None)
+                gains.append(c.gain if real_gain(c, rules.min_gain) else None)
             if None not in gains and (best is None or min(gains) > best[1]):
                 best = (label, min(gains))
         if best is not None:

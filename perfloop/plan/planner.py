@@ -173,13 +173,13 @@ def floor_shares(v: RunView) -> dict[str, float] | None:
 
 def per_bucket(v: RunView) -> dict:
     """The stop rules' per-bucket arguments (perfloop.plan.bucket_stops)."""
-    recs = [r.to_dict() for r in v.records]
-    headline = v.spec.headline.name
-    return bucket_stops.stop_args(recs, headline, search.headline_bucket(recs, headline),
+    return bucket_stops.stop_args([r.to_dict() for r in v.records], v.spec.headline.name,
                                   v.rules.decision, v.rules.stop.no_improvement_streak)
 
 
-def _stop_rule(v: RunView, ranked: list, searches_: int, next_s: float) -> Stop | None:
+def _stop_rule(v: RunView, ranked: list, searches_: int, next_s: float,
+               buckets: dict) -> Stop | None:
+    """decide.stop_reason over the record; `buckets`: per_bucket(v)."""
     recs = v.records
     done = [r for r in recs if r.kind != Kind.BASELINE]
     verdicts_ = verdicts(v)
@@ -187,7 +187,7 @@ def _stop_rule(v: RunView, ranked: list, searches_: int, next_s: float) -> Stop 
         recs[-1].iteration if recs else 0, verdicts_, v.rules.stop,
         len(ranked) if verdicts_ else 1, searched=[r.optimization in SEARCH_IDS for r in done],
         searches=searches_, floor_shares=floor_shares(v),
-        spent_s=tuple(x.seconds for x in spent(v)), next_s=next_s, **per_bucket(v))
+        spent_s=tuple(x.seconds for x in spent(v)), next_s=next_s, **buckets)
 
 
 def plan(v: RunView) -> tuple[Stop | None, list]:
@@ -199,16 +199,17 @@ def plan(v: RunView) -> tuple[Stop | None, list]:
     ranked, extra = catalog(v), searches(v)
     verdicts_ = verdicts(v)
     searched = [r.optimization in SEARCH_IDS for r in recs if r.kind != Kind.BASELINE]
+    buckets = per_bucket(v)
     due = bool(verdicts_) and decide.stop_reason(
         recs[-1].iteration, verdicts_, v.rules.stop, len(ranked), searched=searched,
-        **per_bucket(v)) is not None
+        **buckets) is not None
     offered = suggestions(v, ranked, extra, stop_due=due, floor_shares=floor_shares(v))
     next_s = estimate(v, offered[0]) if v.rules.stop.time_budget_s and offered else 0.0
-    stop = _stop_rule(v, ranked, len(extra), next_s)
+    stop = _stop_rule(v, ranked, len(extra), next_s, buckets)
     if stop and stop.reason is StopReason.TIME_BUDGET:
         # a rule that only the searches held off is what ends the run when the next does not
         # fit (no catalog step goes ahead of them then, though one may fit: py)
-        held = _stop_rule(v, ranked, 0, 0.0)
+        held = _stop_rule(v, ranked, 0, 0.0, buckets)
         if held is not None:
             stop = Stop(held.reason, f"{held.detail} (and the next experiment on offer, "
                                      f"estimated at {next_s:.0f} s, would pass the time budget)")

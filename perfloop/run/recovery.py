@@ -46,7 +46,7 @@ def recover(s: Session) -> Proposal | None:
                         f"interrupted in iteration {flight['iteration']}; perfloop will not "
                         "overwrite it. Commit it elsewhere or stash it, then resume")
     if ours:
-        gitops.set_ref(s.repo, _abandoned_ref(state, flight), ours)
+        gitops.set_ref(s.repo, _abandoned_ref(s, state, flight), ours)
         gitops.move_branch_to(s.repo, state.incumbent, s.folder_rel)
         if proposal.kind == Kind.AGENT:
             # the agent's edits go back to being uncommitted changes, as before the step
@@ -110,9 +110,9 @@ def _proposal_from_flight(s: Session, flight: dict) -> Proposal:
     return Proposal(Kind(flight["kind"]), describe=flight.get("describe", ""))
 
 
-def _abandoned_ref(state: State, flight: dict) -> str:
-    return (f"{gitops.REF_PREFIX}/{state.branch}/abandoned-{flight['iteration']:02d}-"
-            f"{flight.get('tag', 'x')[-8:]}")
+def _abandoned_ref(s: Session, state: State, flight: dict) -> str:
+    return (s.ref_name(flight["iteration"], "abandoned", state.branch)
+            + f"-{flight.get('tag', 'x')[-8:]}")
 
 
 @dataclass(frozen=True)
@@ -145,7 +145,7 @@ def plan_aside(s: Session, old: State | None) -> Aside:
              and s.changes_inside_folder() == [knobs_rel]
              and flight.get("knobs_sha256") == knobs_digest(
                  (s.spec.folder / KNOBS).read_text(encoding="utf-8")))
-    return Aside(base, ours, ours and _abandoned_ref(old, flight), knobs)
+    return Aside(base, ours, ours and _abandoned_ref(s, old, flight), knobs)
 
 
 def set_aside(s: Session, aside: Aside) -> None:

@@ -478,5 +478,6 @@ class Session:
                 return None
         return None
 
-    def ref_name(self, iteration: int, what: str = "iter") -> str:
-        return f"{gitops.REF_PREFIX}/{self.state.branch}/{what}-{iteration:02d}"
+    def ref_name(self, iteration: int, what: str = "iter", branch: str | None = None) -> str:
+        """The ref of an experiment of this run (or of the run on `branch`)."""
+        return f"{gitops.REF_PREFIX}/{branch or self.state.branch}/{what}-{iteration:02d}"
