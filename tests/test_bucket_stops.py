@@ -94,3 +94,18 @@ def test_a_bucket_counts_the_final_pass_its_verdict_weighed_not_the_selection():
     record["timing"]["selection"] = {n: {"bucket": b, "vs_incumbent": _versus(1.0)}
                                      for n, b in SHAPES.items()}
     assert stops([baseline(), record]) == {"big": None, "small": None}
+
+
+def test_a_verdicts_minor_gain_names_its_bucket_when_the_benchmark_spans_several():
+    from perfloop.plan import weigh
+
+    def summary(buckets: dict[str, str]) -> dict:
+        return {n: {"bucket": b, "held_back": False, "floor_ms": None,
+                    "variants": {"candidate-0": {"median_ms": 0.99}},
+                    "vs_incumbent": _versus(0.99)} for n, b in buckets.items()}
+
+    several = weigh.timed(summary(SHAPES), "candidate-0", "head", RULES.decision)
+    one = weigh.timed(summary({"head": "big", "tail": "big"}), "candidate-0", "head",
+                      RULES.decision)
+    assert several.stop and several.reason.endswith("at head: its bucket stops")
+    assert one.stop and one.reason.endswith("gain under 2%: stop")

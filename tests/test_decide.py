@@ -49,6 +49,13 @@ def test_gain_between_two_and_five_percent_keeps_and_lowers_the_family():
 def test_real_gain_under_two_percent_keeps_then_stops():
     v = verdict(outcome(faster(0.01)))
     assert (v.status, v.lower_family, v.stop) == ("keep", False, True)
+    assert v.reason.endswith("gain under 2%: stop")
+
+
+def test_a_minor_gain_with_several_buckets_stops_its_bucket_not_the_run():
+    o = replace(outcome(faster(0.01)), per_bucket=True)
+    v = verdict(o)
+    assert v.stop and v.reason.endswith("under 2% at head: its bucket stops")
 
 
 def test_regression_on_any_shape_reverts_even_with_a_headline_gain():

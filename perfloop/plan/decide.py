@@ -25,6 +25,7 @@ class Evidence:
     headline: str = ""                    # the shape whose gain decides
     below_floor: tuple[str, ...] = ()     # shapes measured faster than physically possible
     ungeneralized: tuple[str, ...] = ()   # dispatch: changed buckets no held-back shape checked
+    per_bucket: bool = False              # the benchmark spans buckets, each with its own stops
 
 
 @dataclass(frozen=True)
@@ -88,9 +89,10 @@ def decide(outcome: Evidence, rules: DecisionRules) -> Verdict:
     if head.gain >= rules.minor_gain:
         return Verdict(Status.KEEP, Correctness.PASS, f"{pct}: kept, family priority lowered",
                        head.gain, lower_family=True, improved=True)
+    minor = f"{pct}: kept, gain under {100 * rules.minor_gain:g}%"
     return Verdict(Status.KEEP, Correctness.PASS,
-                   f"{pct}: kept, gain under {100 * rules.minor_gain:g}%: stop", head.gain,
-                   stop=True, improved=True)
+                   f"{minor} at {outcome.headline}: its bucket stops" if outcome.per_bucket
+                   else f"{minor}: stop", head.gain, stop=True, improved=True)
 
 
 def stop_reason(iteration: int, verdicts: list[Verdict], rules: StopRules, remaining: int,

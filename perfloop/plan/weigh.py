@@ -79,4 +79,10 @@ def timed(summary: dict, best: str, headline: str, rules: DecisionRules,
     return decide.decide(decide.Evidence(
         correct=True, comparisons=comparisons, headline=headline,
         below_floor=below_floor(summary, best, rules.floor_tolerance),
-        ungeneralized=unchecked), rules)
+        ungeneralized=unchecked, per_bucket=len(benchmark_buckets(summary)) > 1), rules)
+
+
+def benchmark_buckets(summary: dict) -> set:
+    """The buckets of the benchmark's own shapes (held-back shapes left out)."""
+    return {shape["bucket"] for shape in summary.values()
+            if shape.get("bucket") is not None and not shape.get("held_back")}
