@@ -88,7 +88,10 @@ class Timer:
         self.buckets = {raw["name"]: raw.get("bucket") for raw in spec["shapes"]}
         self.cliffed: dict = {}   # (label, shape) -> how many times slower its warm-up ran
         self.overhead: dict = {}  # (shape, slots checked) -> ms of an empty batch
-        self.pads: dict = {}      # label -> us of sleep ahead of its batches
+        # shape -> us of sleep ahead of every batch there, one for all variants: a variant
+        # whose launches keep the host busy longer lengthens it for all, so none is timed
+        # with its launches queued further ahead than another's
+        self.pads: dict = {}
         # (shape, label) -> us per call the launcher says it spent issuing each batch: its
         # own account, shown as host time and never weighed in a verdict
         self.host: dict = {}
@@ -219,10 +222,10 @@ class Timer:
         launcher = self.launchers[label]
         copy = lambda: slots.copy(drawn)  # noqa: E731 (read inside the bracket)
         if self.gpu:
-            pad = self.pads.setdefault(label, 200.0)
+            pad = self.pads.setdefault(shape.name, 200.0)
             batch = self.clock.batch(launcher, n, copy, pad, self.reply_s)
             if batch.host_bound:
-                self._longer_pad(label, pad)
+                self._longer_pad(label, shape, pad)
                 return None
         else:
             batch = self.clock.batch(launcher, n, copy)
@@ -243,12 +246,25 @@ class Timer:
         return statistics.mean(self.simulated(mine, shape, self.rng.randrange(1 << 30))
                                for _ in range(n))
 
-    def _longer_pad(self, label: str, pad: float) -> None:
+    def _longer_pad(self, label: str, shape: Shape, pad: float) -> None:
         if pad * 2 > MAX_PAD_US:
             raise LauncherFailed(label, f"its launches keep the host busy longer than "
                                         f"{MAX_PAD_US / 1e6:.0f} s per batch: their host time "
                                         "cannot be kept out of the device time")
-        self.pads[label] = pad * 2
+        self.pads[shape.name] = pad * 2
+
+    def _settle_pad(self, labels: list[str], slots: Slots, shape: Shape, n: int) -> None:
+        """One untimed batch of `n` launches per variant, the pad lengthened until each one's
+        launches are all issued inside it, before any round is timed: every round at this
+        shape then runs with the same pad for every variant."""
+        if not self.gpu:
+            return
+        for label in self._active(labels):
+            try:
+                while self._batch(label, slots, n, False, shape, -1, {}) is None:
+                    pass
+            except LauncherFailed as exc:
+                self._lost(exc)
 
     def _check(self, label, slots, drawn, copies, shape, round_index, checked) -> None:
         failures = slots.check(drawn, copies)
@@ -270,10 +286,10 @@ class Timer:
         copy = lambda: slots.copy(range(check))  # noqa: E731
         while len(samples) < 5:
             if self.gpu:
-                pad = self.pads.setdefault(INCUMBENT, 200.0)
+                pad = self.pads.setdefault(shape.name, 200.0)
                 batch = self.clock.batch(launcher, 0, copy, pad, self.reply_s)
                 if batch.host_bound:
-                    self._longer_pad(INCUMBENT, pad)
+                    self._longer_pad(INCUMBENT, shape, pad)
                     continue
             else:
                 batch = self.clock.batch(launcher, 0, copy)
@@ -353,6 +369,7 @@ class Timer:
         slots.grow(n)
         self._share(slots, active)
         self._calibrate(slots, shape, min(CHECKS_PER_BATCH, n))
+        self._settle_pad(active, slots, shape, n)
         rounds = self._rounds(shape, active, slots, n, settings, checked)
         for label, ratio in cliffs.items():  # dropped here only: a cliff in one bucket
             self.cliffed[label, shape.name] = ratio  # says nothing of the others
@@ -429,7 +446,7 @@ class Timer:
                 "floor_ms": floor, "bucket": self._bucket(inputs, shape),
                 "held_back": shape.held_back, "reps": n, "rounds": rounds,
                 "host_us": {label: us for (name, label), us in self.host.items()
-                            if name == shape.name}, "pad_us": max(self.pads.values(), default=0.0),
+                            if name == shape.name}, "pad_us": self.pads.get(shape.name, 0.0),
                 "checked": {label: c.to_json() for label, c in checked.items()},
                 "cliffs": cliffs, "fresh_ratio": {},
                 "overhead_ms": {k[1]: v for k, v in self.overhead.items() if k[0] == shape.name}}
