@@ -3,6 +3,8 @@ buckets stops on "no improvement" or "gain under 2%" only when every bucket has 
 
 from __future__ import annotations
 
+import pytest
+
 from perfloop.core.playbook import SHIPPED, load
 from perfloop.core.vocab import StopReason
 from perfloop.plan import bucket_stops, decide
@@ -109,3 +111,66 @@ def test_a_verdicts_minor_gain_names_its_bucket_when_the_benchmark_spans_several
                       RULES.decision)
     assert several.stop and several.reason.endswith("at head: its bucket stops")
     assert one.stop and one.reason.endswith("gain under 2%: stop")
+
+
+def _pass(ratios: dict[str, tuple[str, float, bool]]) -> dict:
+    """A final pass: shape -> (bucket, the candidate's ratio to the incumbent, held back)."""
+    return {n: {"bucket": b, "held_back": held, "floor_ms": None,
+                "variants": {"candidate-0": {"median_ms": r}, "incumbent": {"median_ms": 1.0}},
+                "vs_incumbent": _versus(r)} for n, (b, r, held) in ratios.items()}
+
+
+TABLE = {"big": {"tile": 64}, "small": {"tile": 16}}
+
+
+def test_a_dispatch_that_loses_in_one_bucket_is_kept_in_the_other():
+    from perfloop.plan import weigh
+
+    summary = _pass({"head": ("big", 0.7, False), "held:head": ("big", 0.75, True),
+                     "guard": ("small", 0.9, False), "held:guard": ("small", 1.4, True)})
+    v = weigh.timed(summary, "candidate-0", "head", RULES.decision, dispatch_value=TABLE,
+                    incumbent_knobs={})
+    assert (v.status, v.dropped_buckets) == ("keep", ("small",)), v
+    assert v.reason.startswith("kept at big, not at small (regression on held:guard")
+    assert v.gain == pytest.approx(0.3)
+    # the same loss in the only bucket it changes: reverted, as before
+    only = weigh.timed(summary, "candidate-0", "head", RULES.decision,
+                       dispatch_value={"small": {"tile": 16}}, incumbent_knobs={})
+    assert only.status == "revert" and not only.dropped_buckets
+    # a bucket where no held-back shape was timed is left out the same way
+    del summary["held:guard"]
+    v = weigh.timed(summary, "candidate-0", "head", RULES.decision, dispatch_value=TABLE,
+                    incumbent_knobs={})
+    assert (v.status, v.dropped_buckets) == ("keep", ("small",)), v
+    # and a win in neither is no keep
+    summary = _pass({"head": ("big", 1.3, False), "held:head": ("big", 0.9, True),
+                     "guard": ("small", 1.3, False), "held:guard": ("small", 1.0, True)})
+    v = weigh.timed(summary, "candidate-0", "head", RULES.decision, dispatch_value=TABLE,
+                    incumbent_knobs={})
+    assert v.status == "revert"
+
+
+def test_a_dispatch_kept_in_some_buckets_commits_and_names_those_only():
+    from types import SimpleNamespace
+
+    from perfloop.core import naming
+    from perfloop.run import experiment
+
+    incumbent = {"tile": 32, "dispatch": {"small": {"tile": 8}, "odd": {"tile": 4}}}
+    chosen = {"tile": 32, "dispatch": {"big": {"tile": 64}, "small": {"tile": 16},
+                                       "odd": {"tile": 4}}}
+    variant = {"label": "candidate-0", "knobs": chosen}
+    t = SimpleNamespace(incumbent_knobs=incumbent, best="candidate-0", candidates=[variant],
+                        proposed=[variant], variants=[variant])
+    kept = decide.Verdict("keep", "PASS", "kept at big", 0.3, dropped_buckets=("small",))
+    assert experiment.committed_knobs(t, kept) == {
+        "tile": 32, "dispatch": {"big": {"tile": 64}, "odd": {"tile": 4}, "small": {"tile": 8}}}
+    whole = decide.Verdict("keep", "PASS", "all", 0.3)
+    assert experiment.committed_knobs(t, whole) == chosen
+    said = naming.dispatch_kept("tile=64 at big; tile=16 at small", ("small",))
+    assert said == "tile=64 at big (not at small)"
+    # its record's gains count in the buckets it was kept in only
+    recs = [baseline(), step(1, {"head": 0.7, "guard": 0.7})]
+    recs[1]["decision"] = {"dropped_buckets": ["small"]}
+    assert set(bucket_stops._gains(recs[1], {"big": "head", "small": "guard"},
+                                   RULES.decision)) == {"big"}

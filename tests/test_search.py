@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import git
 
 from perfloop.referee import clock as measure
 from perfloop.core import dispatch, knobspace, vocab
@@ -291,6 +292,35 @@ def test_an_entry_of_several_knobs_that_wins_on_one_bucket_is_dispatched_there(s
     knobs = json.loads((scratch.kernel / "knobs.json").read_text())
     assert knobs["dispatch"] == {"small": {"occupancy": 2, "tile": [1, 2048]}}
     assert knobs["tile"] == [1, 1024] and knobs["occupancy"] is None
+
+
+def test_a_dispatch_that_regresses_in_one_bucket_is_kept_in_the_other(scratch):
+    # 1x2048 wins the big bucket, 1x4096 the small one at its benchmark shape but loses at
+    # the small bucket's held-back shape: the dispatch of both keeps big's entry only
+    big = {"head": 0.7, "tail": 0.7, "held:head": 0.7, "held:tail": 0.7}
+    scratch.script([
+        {"when": {"tile": [1, 2048]}, "factor": {**big, "guard": 1.2, "held:guard": 1.2}},
+        {"when": {"tile": [1, 4096]}, "factor": {**{k: 1.2 for k in big}, "guard": 0.8,
+                                                 "held:guard": 1.3}}])
+    manifest = scratch.kernel / "kernel.toml"
+    manifest.write_text(manifest.read_text() + "\n[candidates]\ntile = [[1, 2048], [1, 4096]]\n")
+    scratch.commit_all("two tiles")
+    assert scratch.cli("init", "--kernel", "scripted")[0] == 0
+    code, out, err = scratch.cli("step", "--kernel", "scripted", "--opt", "tile_shape")
+    assert code == 0 and out["experiment"]["status"] == "revert", err
+    code, out, err = scratch.cli("step", "--kernel", "scripted", "--opt", "dispatch")
+    assert code == 0, err
+    e = out["experiment"]
+    assert e["status"] == "keep", e
+    assert e["reason"].startswith("kept at big, not at small (regression on held:guard"), e
+    knobs = json.loads((scratch.kernel / "knobs.json").read_text())
+    assert knobs["dispatch"] == {"big": {"tile": [1, 2048]}} and knobs["tile"] == [1, 1024]
+    rec = scratch.records()[-1]
+    assert rec["knobs"] == knobs and rec["value"] == knobs["dispatch"]
+    assert rec["latency_ms"] == pytest.approx(0.7, rel=0.01)
+    assert "dispatch: tile=1x2048 at big (not at small)" in scratch.table()
+    assert git(scratch.path, "log", "-1", "--format=%s") == (
+        "perfloop: iteration 2: dispatch: tile=1x2048 at big (not at small)")
 
 
 def test_an_entry_of_several_knobs_is_refused_in_one_line_when_malformed(tmp_path):

@@ -52,7 +52,17 @@ def experiment(record) -> str:
     if record.kind == "agent":
         return record.describe
     if record.optimization == DISPATCH:
-        return f"dispatch: {record.describe}"
+        return f"dispatch: {dispatch_kept(record.describe, record.decision.get('dropped_buckets'))}"
     if record.optimization == BUCKET_JOINT:
         return bucket_joint_row(record.extra.get("incumbent_value"), record.value)
     return f"{record.optimization}: {setting(record.knob, record.value)}"
+
+
+def dispatch_kept(describe: str, dropped) -> str:
+    """A dispatch change's description ("X at bucket; ..."), without the buckets it was not
+    kept in, which it names."""
+    if not dropped:
+        return describe
+    kept = [part for part in describe.split("; ")
+            if not any(part.endswith(f" at {bucket}") for bucket in dropped)]
+    return f"{'; '.join(kept)} (not at {', '.join(dropped)})"

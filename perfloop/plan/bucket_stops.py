@@ -46,7 +46,10 @@ def _gains(record: dict, focus: dict[str, str], rules: DecisionRules) -> dict[st
     if record.get("status") != Status.KEEP or chosen is None:
         return {}
     out = {}
+    dropped = (record.get("decision") or {}).get("dropped_buckets") or ()
     for bucket, name in focus.items():
+        if bucket in dropped:  # not kept there: what runs there is the incumbent's
+            continue
         measured = ((timing.get("shapes") or {}).get(name) or {}).get("vs_incumbent") or {}
         if chosen not in measured:
             continue

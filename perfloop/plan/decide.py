@@ -37,10 +37,13 @@ class Verdict:
     lower_family: bool = False
     stop: bool = False      # the rule itself says stop (an accepted gain under minor_gain)
     improved: bool = False  # counts as an improvement for the no-improvement streak
+    # a dispatch change kept in some of the buckets it changes: those it is not kept in
+    dropped_buckets: tuple[str, ...] = ()
 
     def __post_init__(self):  # a verdict read back from a record holds plain strings
         object.__setattr__(self, "status", Status(self.status))
         object.__setattr__(self, "correctness", Correctness(self.correctness))
+        object.__setattr__(self, "dropped_buckets", tuple(self.dropped_buckets))
 
 
 def real_gain(c: Comparison, min_gain: float = 0.0) -> bool:
@@ -49,7 +52,7 @@ def real_gain(c: Comparison, min_gain: float = 0.0) -> bool:
     return c.ci_high < 1.0 and c.gain > max(c.noise, min_gain)
 
 
-def _regression(c: Comparison, tolerance: float) -> bool:
+def regression(c: Comparison, tolerance: float) -> bool:
     return c.ci_low > 1.0 and (c.ratio - 1.0) > max(tolerance, c.noise)
 
 
@@ -70,7 +73,7 @@ def decide(outcome: Evidence, rules: DecisionRules) -> Verdict:
         return Verdict(Status.REVERT, Correctness.PASS,
                        "the change reaches none of the benchmark's shapes")
     slower = [name for name, c in outcome.comparisons.items()
-              if _regression(c, rules.regression_tolerance)]
+              if regression(c, rules.regression_tolerance)]
     head = outcome.comparisons[outcome.headline]
     if slower:
         worst = max(outcome.comparisons[s].ratio for s in slower)

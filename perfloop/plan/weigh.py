@@ -4,6 +4,8 @@ summarize_pass), decided by the playbook's rules (perfloop.plan.decide)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from perfloop.core import dispatch_table as dispatch
 from perfloop.core.playbook import DecisionRules, thaw
 from perfloop.core.stats import Comparison
@@ -66,12 +68,46 @@ def timed(summary: dict, best: str, headline: str, rules: DecisionRules,
           dispatch_value=None, incumbent_knobs: dict | None = None) -> decide.Verdict:
     """The playbook's verdict on the fastest candidate `best` (its timings from the final
     pass). A change of the dispatch table (`dispatch_value`: the chosen table) is decided at
-    the headline if its bucket changed, else where it gained most, and only if a held-back
-    shape was timed in every bucket it changes."""
+    the headline if its bucket changed, else where it gained most, and only where a held-back
+    shape was timed. Its buckets are independent (each shape runs its own bucket's knobs), so
+    one that regresses, or had no held-back shape timed, is left out and the change is
+    decided again in the others: a loss in one bucket never throws away a win in another."""
+    several = len(benchmark_buckets(summary)) > 1
+    if dispatch_value is None:
+        return _decide(summary, best, headline, rules, None, several)
+    changed = dispatch.changed_buckets(dispatch.table(incumbent_knobs or {}),
+                                       thaw(dispatch_value))
+    whole = _decide(summary, best, headline, rules, changed, several)
+    if whole.status != Status.REVERT or whole.correctness != Correctness.PASS:
+        return whole
+    dropped = losing_buckets(summary, best, changed, rules)
+    kept = [b for b in changed if b not in dropped]
+    if not dropped or not kept or below_floor(summary, best, rules.floor_tolerance):
+        return whole
+    rest = {n: sh for n, sh in summary.items() if sh.get("bucket") not in dropped}
+    part = _decide(rest, best, headline, rules, kept, several)
+    if part.status != Status.KEEP:
+        return whole
+    return replace(part, dropped_buckets=tuple(dropped), reason=(
+        f"kept at {', '.join(kept)}, not at {', '.join(dropped)} ({whole.reason}): "
+        f"{part.reason}"))
+
+
+def losing_buckets(summary: dict, best: str, changed: list[str],
+                   rules: DecisionRules) -> list[str]:
+    """The changed buckets where `best` regressed at some shape, or no held-back shape was
+    timed."""
+    unchecked = set(decide.ungeneralized(summary, changed))
+    slower = {sh.get("bucket") for sh in summary.values()
+              if decide.regression(Comparison(**sh["vs_incumbent"][best]),
+                                   rules.regression_tolerance)}
+    return [b for b in changed if b in unchecked or b in slower]
+
+
+def _decide(summary: dict, best: str, headline: str, rules: DecisionRules,
+            changed: list[str] | None, several: bool) -> decide.Verdict:
     unchecked: tuple = ()
-    if dispatch_value is not None:
-        changed = dispatch.changed_buckets(dispatch.table(incumbent_knobs or {}),
-                                           thaw(dispatch_value))
+    if changed is not None:
         headline = decide.dispatch_focus(summary, changed, headline, best) or ""
         unchecked = decide.ungeneralized(summary, changed)
     comparisons = {name: Comparison(**shape["vs_incumbent"][best])
@@ -79,7 +115,7 @@ def timed(summary: dict, best: str, headline: str, rules: DecisionRules,
     return decide.decide(decide.Evidence(
         correct=True, comparisons=comparisons, headline=headline,
         below_floor=below_floor(summary, best, rules.floor_tolerance),
-        ungeneralized=unchecked, per_bucket=len(benchmark_buckets(summary)) > 1), rules)
+        ungeneralized=unchecked, per_bucket=several), rules)
 
 
 def benchmark_buckets(summary: dict) -> set:

@@ -126,7 +126,7 @@ def run(s: Session, proposal: Proposal) -> records.Experiment:
             screen(trial)
         judge_and_time(trial)
         verdict = weigh_trial(trial)
-        commit = commit_trial(trial)
+        commit = commit_trial(trial, verdict)
         record = record_trial(trial, verdict, commit)
         finish(s, record)
         return record
@@ -327,31 +327,47 @@ def _chosen(t: Trial) -> dict:
                 (t.candidates or t.proposed)[0])
 
 
-def commit_trial(t: Trial) -> str:
-    """The experiment's commit, whatever its outcome: the chosen candidate's knobs.json."""
+def committed_knobs(t: Trial, verdict: decide.Verdict) -> dict:
+    """What the experiment commits: the chosen candidate's knobs, its dispatch table without
+    the buckets the verdict left out (there, the incumbent's entries)."""
+    knobs = _chosen(t)["knobs"]
+    if not verdict.dropped_buckets:
+        return knobs
+    before, after = dispatch.table(t.incumbent_knobs), dispatch.table(knobs)
+    table = {b: (before if b in verdict.dropped_buckets else after).get(b)
+             for b in sorted(set(before) | set(after))}
+    table = {b: entry for b, entry in table.items() if entry}
+    out = {k: v for k, v in knobs.items() if k != dispatch.KEY}
+    return {**out, dispatch.KEY: table} if table else out
+
+
+def commit_trial(t: Trial, verdict: decide.Verdict) -> str:
+    """The experiment's commit, whatever its outcome: the chosen candidate's knobs.json (a
+    dispatch change kept in some buckets: in those only)."""
     s, start = t.s, time.monotonic()
     if t.kind == Kind.BASELINE:
         commit = s.state.incumbent
     elif t.kind == Kind.AGENT:
         commit = s.state.in_flight["commit"]
     else:
-        text = knobs_text(_chosen(t)["knobs"])
+        text = knobs_text(committed_knobs(t, verdict))
         s.state.in_flight["knobs_sha256"] = knobs_digest(text)
         s.save_state()
         (s.spec.folder / KNOBS).write_text(text, encoding="utf-8")
-        commit = _commit(s, _commit_message(t, t.values.get(_chosen(t)["label"])))
+        commit = _commit(s, _commit_message(t, t.values.get(_chosen(t)["label"]),
+                                            verdict.dropped_buckets))
     t.phase_s["commit"] = t.phase_s.get("commit", 0) + phases.elapsed(start)
     crashpoint("commit", t.iteration)
     return commit
 
 
-def _commit_message(t: Trial, value) -> str:
+def _commit_message(t: Trial, value, dropped: tuple = ()) -> str:
     head = f"perfloop: iteration {t.iteration}: "
     if t.kind == Kind.AGENT:
         return f"{head}agent edit: {t.proposal.describe}"
     opt = t.proposal.optimization
     if opt.id == naming.DISPATCH:
-        return f"{head}dispatch: {t.proposal.describe}"
+        return f"{head}dispatch: {naming.dispatch_kept(t.proposal.describe, dropped)}"
     if opt.id == naming.BUCKET_JOINT:
         return head + naming.bucket_joint_row(t.incumbent_knobs.get(opt.knob), value)
     return f"{head}{opt.id} ({naming.setting(opt.knob, thaw(value))})"
@@ -371,22 +387,24 @@ def record_trial(t: Trial, verdict: decide.Verdict, commit: str) -> records.Expe
     """The record line, written: the point of no return."""
     s, summary, chosen = t.s, _summary(t), _chosen(t)
     knob = t.proposal.optimization.knob if t.proposal.optimization else None
+    knobs = committed_knobs(t, verdict)
+    value = t.values.get(chosen["label"])
+    if verdict.dropped_buckets:  # the table committed, and the headline where it runs
+        value = knobs.get(dispatch.KEY, {})
     labels = ({label: thaw(x) for label, x in t.values.items()}
               if t.kind == Kind.PLAYBOOK else {})
     line = {
         "schema": records.SCHEMA, "iteration": t.iteration, "kind": t.kind,
         "optimization": t.proposal.name, "describe": t.proposal.describe,
         "family": t.proposal.optimization.family if t.proposal.optimization else None,
-        "knob": knob, "value": thaw(t.values.get(chosen["label"]))
-        if t.kind == Kind.PLAYBOOK else None, "candidates": thaw(t.proposal.values),
+        "knob": knob, "value": thaw(value) if t.kind == Kind.PLAYBOOK else None, "candidates": thaw(t.proposal.values),
         "incumbent_value": thaw(t.incumbent_knobs.get(knob))
         if knob in t.incumbent_knobs else None,
-        "knobs": {k: thaw(x) for k, x in chosen["knobs"].items()},
+        "knobs": {k: thaw(x) for k, x in knobs.items()},
         "commit": commit, "incumbent_before": s.state.incumbent, "branch": s.state.branch,
         "ref": s.ref_name(t.iteration), "status": verdict.status,
         "correctness": verdict.correctness,
-        "latency_ms": summary[s.spec.headline.name]["variants"][t.best]["median_ms"]
-        if summary else None,
+        "latency_ms": _headline_ms(t, summary, verdict) if summary else None,
         "decision": asdict(verdict),
         "outcomes": {label: {"value": labels.get(label), "outcome": o[0], "reason": o[1]}
                      for label, o in {**t.outcome, **t.screened}.items()},
@@ -404,6 +422,13 @@ def record_trial(t: Trial, verdict: decide.Verdict, commit: str) -> records.Expe
     records.append(s.records_path, record)
     crashpoint("record", t.iteration)
     return record
+
+
+def _headline_ms(t: Trial, summary: dict, verdict: decide.Verdict) -> float:
+    """The headline's median as committed: the incumbent's where its bucket was left out."""
+    shape = summary[t.s.spec.headline.name]
+    label = INCUMBENT if shape.get("bucket") in verdict.dropped_buckets else t.best
+    return shape["variants"][label]["median_ms"]
 
 
 def _correctness_detail(judged: judge.JudgeResult | None) -> dict:
