@@ -83,12 +83,13 @@ def test_workload_rows_render_as_a_table_of_their_keys():
 
 
 def test_a_workload_object_gives_lines_for_its_values_and_tables_for_its_records():
-    workload = {"geomean_vs_best_peer": 0.9712, "below": ["held:a"],
+    below = [f"held:bf16:{n}x4096x4096" for n in range(1000, 1006)]   # (past a cell's width)
+    workload = {"geomean_vs_best_peer": 0.9712, "below": below,
                 "shapes": {"held:a": {"cutile_ms": 1.0, "peer": "triton"},
                            "held:b": {"cutile_ms": 2.0, "peer": "triton", "note": "a|b"}}}
     section = results.page(facts(bench={"rows": [], "workload": workload})).split(
         "## Workload", 1)[1]
-    assert "- geomean_vs_best_peer: 0.9712" in section and '- below: ["held:a"]' in section
+    assert "- geomean_vs_best_peer: 0.9712" in section and f"- below: {', '.join(below)}\n" in section
     assert "|  | cutile_ms | peer | note |" in section
     assert "| held:b | 2 | triton | a/b |" in section     # a pipe would break the table
 

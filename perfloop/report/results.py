@@ -132,7 +132,7 @@ def workload_lines(workload, budget: int) -> list[str]:
     for key, value in workload.items():
         sub = records_of(value)
         if sub is None:
-            lines.append(f"- {key}: {cell(value)}")
+            lines.append(f"- {key}: {listed(value)}")
     for key, value in workload.items():
         sub = records_of(value)
         if sub is not None:
@@ -162,6 +162,14 @@ def table_lines(rows: list[dict], budget: int) -> list[str]:
         lines.append(line)
         used += len(line) + 1
     return lines
+
+
+def listed(value) -> str:
+    """A mapping's entry on a line of its own: a list of names (the shapes below the bar) in
+    full, as far as a paragraph goes; anything else as a table cell."""
+    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        return _clip(", ".join(value), 600)
+    return cell(value)
 
 
 def cell(value) -> str:
