@@ -251,6 +251,26 @@ def test_a_knob_that_wins_on_one_bucket_and_loses_on_another_is_kept_where_it_wi
     assert 0.97 < speedups["guard"] < 1.03
 
 
+def test_candidates_are_chosen_at_the_benchmark_and_the_chosen_one_timed_held_out(scratch):
+    # a declared workload: every step times held-out shapes, but only the chosen candidate's
+    with open(scratch.kernel / "kernel.toml", "a") as f:
+        f.write('\n[workload]\ndims = ["n"]\nn = { min = 200, max = 1100 }\n'
+                'dtypes = ["float32"]\nheld_out = 2\n')
+    scratch.script([{"when": {"tile": [1, 2048]}, "factor": {"*": 0.9}}])
+    scratch.commit_all("a workload")
+    assert scratch.cli("init", "--kernel", "scripted")[0] == 0
+    code, out, err = scratch.cli("step", "--kernel", "scripted", "--opt", "tile_shape")
+    assert code == 0 and out["experiment"]["status"] == "keep", (out, err)
+    timing = scratch.records()[-1]["timing"]
+    selection, final = timing["selection"], timing["shapes"]
+    assert len(selection["head"]["variants"]) > 3    # several candidates, at benchmark shapes
+    assert set(selection) == {"head", "guard", "tail"}
+    held = {n for n, sh in final.items() if sh["held_back"]}
+    assert held and set(final) == {"head", "guard", "tail"} | held
+    assert all(set(final[n]["variants"]) == {"incumbent", "incumbent-again", timing["chosen"]}
+               for n in held)
+
+
 def test_a_cliff_at_one_bucket_leaves_the_win_at_another_to_a_dispatch(scratch):
     # occupancy 8: 10x slower at the guard (dropped there as a cliff), 15% faster elsewhere
     _without_bucket_hook(scratch)

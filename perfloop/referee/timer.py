@@ -452,12 +452,16 @@ class Timer:
                 "overhead_ms": {k[1]: v for k, v in self.overhead.items() if k[0] == shape.name}}
 
     # ---- the whole run --------------------------------------------------------------------
-    def time_pass(self, labels: list[str], seed: int, cliffs: bool = True) -> dict:
+    def time_pass(self, labels: list[str], seed: int, cliffs: bool = True,
+                  held_back: bool = True) -> dict:
+        """Every variant of `labels` at every shape (`held_back` False: the benchmark's only)."""
         settings = self.settings if cliffs else Measure(**{**vars(self.settings),
                                                            "cliff_ratio": None})
         shapes = {}
         for index, raw in enumerate(self.spec["shapes"]):
             shape = Shape.from_dict(raw)
+            if shape.held_back and not held_back:
+                continue
             if INCUMBENT not in self._active(labels):
                 break
             timed = self._time_shape(shape, labels, seed, index, settings)
@@ -470,7 +474,10 @@ class Timer:
         self.ceilings = (ceilings.get(Path(self.spec["ceilings_cache"]), env, ceilings_clock())
                          if self.gpu else None)
         labels, seed = self.labels, self.spec.get("seed", 0)
-        passes = [self.time_pass(labels, seed)]
+        # with a selection pass to follow, the first chooses at the benchmark's shapes only:
+        # the held-back ones, each a compile per variant, are timed for the chosen one
+        selecting = self.select and len([x for x in labels[2:] if x not in self.failed]) > 1
+        passes = [self.time_pass(labels, seed, held_back=not selecting)]
         for (label, name), ratio in self.cliffed.items():  # timed at every other shape
             self._fail(label, f"at {name} its warm-up ran {ratio:.1f}x slower than the "
                               "incumbent's: dropped as a cliff there", Outcome.SLOW)
@@ -479,9 +486,10 @@ class Timer:
         if self.select and len(candidates) > 1 and passes[0]["shapes"]:
             best = _fastest(passes[0], candidates, self.spec["headline"],
                             self.spec.get("regression_tolerance", 0.0))
-            passes.append(self.time_pass([INCUMBENT, CONTROL, best], seed + 1, cliffs=False))
         elif len(candidates) == 1:
             best = candidates[0]
+        if best is not None and (selecting or len(candidates) > 1):
+            passes.append(self.time_pass([INCUMBENT, CONTROL, best], seed + 1, cliffs=False))
         reps = next(iter(passes[-1]["shapes"].values()), {}).get("reps", 0)
         return {"environment": env, "ceilings": self.ceilings,
                 "failed": {k: v for k, v in self.failed.items() if k in labels},
