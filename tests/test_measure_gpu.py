@@ -92,9 +92,6 @@ def test_a_host_busy_wait_in_the_launch_does_not_change_its_device_time(tmp_path
         ratio = shape["vs_incumbent"]["busy"]["ratio"]
         print(f"{name}: a 40 us host busy-wait before each launch: {ratio:.4f} of the time")
         assert abs(ratio - 1) < 0.02, (name, ratio)
-        host = shape["variants"]["busy"]["host_us_per_call"]  # the launcher's own account
-        assert host >= 40 and host > shape["variants"]["incumbent"]["host_us_per_call"] + 30, (
-            name, host)
 
 
 def test_work_moved_to_another_stream_is_not_timed_short(tmp_path):

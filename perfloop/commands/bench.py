@@ -143,14 +143,14 @@ def render(r):
              f"{env.get('cutile')}, torch {env.get('torch')}); bandwidth ceiling "
              f"{ceil.get('bandwidth_gbps') or ceil['copy_gbps']:.0f} GB/s (copy "
              f"{ceil['copy_gbps']:.0f})", "",
-             "| shape | variant | median ms | 95% CI ms | host us/call | GB/s | share of floor "
+             "| shape | variant | median ms | 95% CI ms | GB/s | share of floor "
              "| time / cuTile, paired rounds (95% CI) |",
-             "|:--|:--|--:|--:|--:|--:|--:|--:|"]
+             "|:--|:--|--:|--:|--:|--:|--:|"]
     for row in r["rows"]:
         shape = row["shape"] + (" (headline)" if row["shape"] == r["headline"] else "")
         lines.append(f"| {shape} | {row['variant']} | {row['median_ms']:.4f} | "
                      f"{row['ci_low_ms']:.4f}-{row['ci_high_ms']:.4f} | "
-                     f"{_num(row['host_us_per_call'], '.1f')} | {_num(row['gbps'], '.0f')} | "
+                     f"{_num(row['gbps'], '.0f')} | "
                      f"{_num(row['share_of_floor'], '.3f')} | {row['vs_cutile']:.3f} "
                      f"({row['ratio_ci'][0]:.3f}-{row['ratio_ci'][1]:.3f}) |")
     for name, why in (r.get("untimed") or {}).items():

@@ -92,9 +92,6 @@ class Timer:
         # whose launches keep the host busy longer lengthens it for all, so none is timed
         # with its launches queued further ahead than another's
         self.pads: dict = {}
-        # (shape, label) -> us per call the launcher says it spent issuing each batch: its
-        # own account, shown as host time and never weighed in a verdict
-        self.host: dict = {}
         # batches per variant and round: a wall clock shares the CPU with everything else, so
         # a round's median over a few batches sheds the one that met a busy moment
         self._per_round = 1 if self.gpu or self.simulated is not None else 3
@@ -229,7 +226,6 @@ class Timer:
                 return None
         else:
             batch = self.clock.batch(launcher, n, copy)
-        self.host.setdefault((shape.name, label), []).append(1e6 * batch.host_s / max(n, 1))
         if drawn:
             self._check(label, slots, drawn, batch.copies, shape, round_index, checked)
         key = (shape.name, len(drawn))
@@ -445,8 +441,7 @@ class Timer:
         return {"bytes": done.bytes, "flops": done.total_flops, "flops_by_unit": done.flops,
                 "floor_ms": floor, "bucket": self._bucket(inputs, shape),
                 "held_back": shape.held_back, "reps": n, "rounds": rounds,
-                "host_us": {label: us for (name, label), us in self.host.items()
-                            if name == shape.name}, "pad_us": self.pads.get(shape.name, 0.0),
+                "host_us": {}, "pad_us": self.pads.get(shape.name, 0.0),
                 "checked": {label: c.to_json() for label, c in checked.items()},
                 "cliffs": cliffs, "fresh_ratio": {},
                 "overhead_ms": {k[1]: v for k, v in self.overhead.items() if k[0] == shape.name}}
