@@ -135,11 +135,16 @@ def test_the_flush_adds_nothing_to_a_read_only_kernel_larger_than_l2():
     read = lambda: torch.sum(x, dim=0, dtype=torch.float32, out=o)  # noqa: E731
     bare = measure.CudaClock()
     bare.flush = lambda: None
-    results = {}
-    for name, c in (("flushed", clock), ("not flushed", bare)):
+    clocks = {"flushed": clock, "not flushed": bare}
+    rounds: dict = {name: [] for name in clocks}
+    for c in clocks.values():
         c.pad_us = 50.0
         c.time_batch(read, 5)
-        results[name] = statistics.median(
-            statistics.median(c.time_batch(read, 20)) for _ in range(5))
+    # alternating rounds: timed one after the other, a change of clocks between the two was
+    # read once as 16% (0.0930 vs 0.0804 ms on an H100)
+    for r in range(10):
+        for name in (list(clocks) if r % 2 == 0 else list(reversed(clocks))):
+            rounds[name].append(statistics.median(clocks[name].time_batch(read, 20)))
+    results = {name: statistics.median(v) for name, v in rounds.items()}
     print(f"read of {x.numel() * 2 / 1e6:.0f} MB: {results}")
     assert results["flushed"] == pytest.approx(results["not flushed"], rel=0.02)
