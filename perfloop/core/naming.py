@@ -52,7 +52,8 @@ def experiment(record) -> str:
     if record.kind == "agent":
         return record.describe
     if record.optimization == DISPATCH:
-        return f"dispatch: {dispatch_kept(record.describe, record.decision.get('dropped_buckets'))}"
+        dropped = record.decision.get("dropped_buckets")
+        return f"dispatch: {dispatch_kept(record.describe, dropped)}"
     if record.optimization == BUCKET_JOINT:
         return bucket_joint_row(record.extra.get("incumbent_value"), record.value)
     return f"{record.optimization}: {setting(record.knob, record.value)}"

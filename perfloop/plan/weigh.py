@@ -72,7 +72,7 @@ def timed(summary: dict, best: str, headline: str, rules: DecisionRules,
     shape was timed. Its buckets are independent (each shape runs its own bucket's knobs), so
     one that regresses, or had no held-back shape timed, is left out and the change is
     decided again in the others: a loss in one bucket never throws away a win in another."""
-    several = len(benchmark_buckets(summary)) > 1
+    several = len(_benchmark_buckets(summary)) > 1
     if dispatch_value is None:
         return _decide(summary, best, headline, rules, None, several)
     changed = dispatch.changed_buckets(dispatch.table(incumbent_knobs or {}),
@@ -118,7 +118,8 @@ def _decide(summary: dict, best: str, headline: str, rules: DecisionRules,
         ungeneralized=unchecked, per_bucket=several), rules)
 
 
-def benchmark_buckets(summary: dict) -> set:
-    """The buckets of the benchmark's own shapes (held-back shapes left out)."""
+def _benchmark_buckets(summary: dict) -> set:
+    """The buckets of the benchmark's own shapes in a timing pass (held-back ones left out; the
+    record's, over experiments, are perfloop.plan.search.benchmark_buckets)."""
     return {shape["bucket"] for shape in summary.values()
             if shape.get("bucket") is not None and not shape.get("held_back")}

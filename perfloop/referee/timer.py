@@ -471,24 +471,28 @@ class Timer:
         labels, seed = self.labels, self.spec.get("seed", 0)
         # with a selection pass to follow, the first chooses at the benchmark's shapes only:
         # the held-back ones, each a compile per variant, are timed for the chosen one
-        selecting = self.select and len([x for x in labels[2:] if x not in self.failed]) > 1
+        selecting = self.select and len(self._candidates(labels)) > 1
         passes = [self.time_pass(labels, seed, held_back=not selecting)]
         for (label, name), ratio in self.cliffed.items():  # timed at every other shape
             self._fail(label, f"at {name} its warm-up ran {ratio:.1f}x slower than the "
                               "incumbent's: dropped as a cliff there", Outcome.SLOW)
         best = None
-        candidates = [label for label in labels[2:] if label not in self.failed]
+        candidates = self._candidates(labels)
         if self.select and len(candidates) > 1 and passes[0]["shapes"]:
             best = _fastest(passes[0], candidates, self.spec["headline"],
                             self.spec.get("regression_tolerance", 0.0))
         elif len(candidates) == 1:
             best = candidates[0]
-        if best is not None and (selecting or len(candidates) > 1):
+        if best is not None and selecting:  # (re-timed at every shape, held-back ones too)
             passes.append(self.time_pass([INCUMBENT, CONTROL, best], seed + 1, cliffs=False))
         reps = next(iter(passes[-1]["shapes"].values()), {}).get("reps", 0)
         return {"environment": env, "ceilings": self.ceilings,
                 "failed": {k: v for k, v in self.failed.items() if k in labels},
                 "passes": passes, "best": best, "method": self._method(reps, len(passes))}
+
+    def _candidates(self, labels: list[str]) -> list[str]:
+        """The candidates of `labels` (after the incumbent and its control) not failed yet."""
+        return [label for label in labels[2:] if label not in self.failed]
 
     def _method(self, reps: int, passes: int) -> dict:
         clock = ({"clock": "simulated: kernel.py's simulated_ms (perfloop's test kernels only; "

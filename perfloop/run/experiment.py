@@ -397,7 +397,8 @@ def record_trial(t: Trial, verdict: decide.Verdict, commit: str) -> records.Expe
         "schema": records.SCHEMA, "iteration": t.iteration, "kind": t.kind,
         "optimization": t.proposal.name, "describe": t.proposal.describe,
         "family": t.proposal.optimization.family if t.proposal.optimization else None,
-        "knob": knob, "value": thaw(value) if t.kind == Kind.PLAYBOOK else None, "candidates": thaw(t.proposal.values),
+        "knob": knob, "value": thaw(value) if t.kind == Kind.PLAYBOOK else None,
+        "candidates": thaw(t.proposal.values),
         "incumbent_value": thaw(t.incumbent_knobs.get(knob))
         if knob in t.incumbent_knobs else None,
         "knobs": {k: thaw(x) for k, x in knobs.items()},
