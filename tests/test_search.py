@@ -33,11 +33,19 @@ def test_dispatch_build_launches_each_bucket_with_its_own_values():
         built.append(knobs)
         return lambda inputs, out: knobs["tile"]
 
-    knobs = {"tile": (1, 1024), "fast": False, "dispatch": {"big": {"tile": [4, 0]}}}
+    knobs = {"tile": (1, 1024), "fast": False, "dispatch": {
+        "bfloat16/n<=4096": {"tile": [4, 0]}, "bfloat16/n<=512": {}, "float32/n<=8192": {}}}
     launch = dispatch.build(knobs, build_one, lambda inputs: inputs[0])
-    assert launch(("big",), None) == (4, 0)          # the table's lists arrive as tuples
-    assert launch(("small",), None) == (1, 1024)     # any other bucket: the plain knobs
+    assert launch(("bfloat16/n<=4096",), None) == (4, 0)   # the table's lists arrive as tuples
+    assert launch(("bfloat16/n<=512",), None) == (1, 1024)  # measured, plain knobs
     assert all("dispatch" not in k for k in built)   # build_one never sees the table
+    # a bucket the table does not list runs as the nearest listed one: same dtype, then size
+    assert launch(("bfloat16/n<=2048",), None) == (4, 0)
+    assert launch(("bfloat16/n<=128",), None) == (1, 1024)
+    assert launch(("float32/n<=32768",), None) == (1, 1024)
+    assert launch(("float16/n<=4096",), None) == (4, 0)    # no fp16: the nearest size
+    assert launch.routes["bfloat16/n<=2048"][0] == "bfloat16/n<=4096"
+    assert "bfloat16/n<=4096" not in launch.routes
     plain = dispatch.build({"tile": (1, 1024)}, build_one, lambda inputs: 1 / 0)
     assert plain(("big",), None) == (1, 1024)        # no table: bucket() is never called
 
@@ -290,7 +298,7 @@ def test_an_entry_of_several_knobs_that_wins_on_one_bucket_is_dispatched_there(s
     code, out, err = scratch.cli("step", "--kernel", "scripted", "--opt", "dispatch")
     assert code == 0 and out["experiment"]["status"] == "keep", err
     knobs = json.loads((scratch.kernel / "knobs.json").read_text())
-    assert knobs["dispatch"] == {"small": {"occupancy": 2, "tile": [1, 2048]}}
+    assert knobs["dispatch"] == {"big": {}, "small": {"occupancy": 2, "tile": [1, 2048]}}
     assert knobs["tile"] == [1, 1024] and knobs["occupancy"] is None
 
 
@@ -314,7 +322,8 @@ def test_a_dispatch_that_regresses_in_one_bucket_is_kept_in_the_other(scratch):
     assert e["status"] == "keep", e
     assert e["reason"].startswith("kept at big, not at small (regression on held:guard"), e
     knobs = json.loads((scratch.kernel / "knobs.json").read_text())
-    assert knobs["dispatch"] == {"big": {"tile": [1, 2048]}} and knobs["tile"] == [1, 1024]
+    assert knobs["dispatch"] == {"big": {"tile": [1, 2048]}, "small": {}}
+    assert knobs["tile"] == [1, 1024]
     rec = scratch.records()[-1]
     assert rec["knobs"] == knobs and rec["value"] == knobs["dispatch"]
     assert rec["latency_ms"] == pytest.approx(0.7, rel=0.01)
@@ -945,9 +954,10 @@ def test_a_value_that_wins_only_on_some_buckets_is_kept_there_by_a_dispatch(scra
     rec = scratch.records()[-1]
     assert rec["status"] == "keep" and rec["decision"]["gain"] == pytest.approx(0.2, abs=0.01)
     assert "tile=1x2048 at big" in rec["describe"]
-    assert rec["knobs"]["dispatch"] == {"big": {"tile": [1, 2048]}}
+    assert rec["knobs"]["dispatch"] == {"big": {"tile": [1, 2048]}, "small": {}}
     knobs = json.loads((scratch.kernel / "knobs.json").read_text())
-    assert knobs["dispatch"] == {"big": {"tile": [1, 2048]}} and knobs["tile"] == [1, 1024]
+    assert knobs["dispatch"] == {"big": {"tile": [1, 2048]}, "small": {}}
+    assert knobs["tile"] == [1, 1024]
     # the held-back shapes of the changed bucket were timed (and their outputs checked); the
     # small bucket runs the incumbent's code in every variant: not timed, nor its held-back
     shapes = rec["timing"]["shapes"]
@@ -1104,6 +1114,42 @@ def test_with_a_workload_every_step_is_checked_at_its_held_out_shapes(scratch, h
         assert "regression on held:fp32:3000" in out["experiment"]["reason"]
 
 
+POW2_HOOK = 'return f"float32/n<={1 << (len(inputs[1]) - 1).bit_length()}"'
+
+
+@pytest.mark.parametrize("held_3000, status", [(0.8, "keep"), (1.3, "revert")])
+def test_a_held_out_shape_in_an_unmeasured_bucket_counts_where_it_runs(scratch, held_3000,
+                                                                       status):
+    """A kernel with its own bucket() hook: held-out shapes of 1500 and 3000 fall in buckets
+    no benchmark shape falls in, so their launches run as the nearest measured bucket
+    (n<=1024, head's); a dispatch change there is timed at them and reverted when one got
+    slower. The committed table lists every measured bucket, so a launch routes as timed."""
+    kernel_py = scratch.kernel / "kernel.py"
+    kernel_py.write_text(kernel_py.read_text().replace(
+        'return "big" if len(inputs[1]) >= 600 else "small"', POW2_HOOK))
+    toml = scratch.kernel / "kernel.toml"
+    toml.write_text(toml.read_text() + WORKLOAD)
+    scratch.script([{**SPLIT[0], "factor": {**SPLIT[0]["factor"], "held:fp32:1500": 0.8,
+                                            "held:fp32:3000": held_3000}}])
+    scratch.commit_all("a power-of-two bucket hook, a workload")
+    assert scratch.cli("init", "--kernel", "scripted")[0] == 0
+    assert scratch.cli("step", "--kernel", "scripted", "--opt", "tile_shape")[0] == 0
+    code, out, err = scratch.cli("step", "--kernel", "scripted", "--opt", "dispatch")
+    assert code == 0, err
+    rec = scratch.records()[-1]
+    shapes = rec["timing"]["shapes"]
+    assert shapes["held:fp32:3000"]["bucket"] == "float32/n<=1024"
+    assert shapes["held:fp32:1500"]["bucket"] == "float32/n<=1024"
+    assert rec["status"] == status, out["experiment"]["reason"]
+    knobs = json.loads((scratch.kernel / "knobs.json").read_text())
+    if status == "revert":
+        assert "regression on held:fp32:3000" in out["experiment"]["reason"]
+        assert "dispatch" not in knobs
+    else:
+        assert knobs["dispatch"] == {"float32/n<=1024": {"tile": [1, 2048]},
+                                     "float32/n<=256": {}}
+
+
 def test_a_cliff_candidate_is_dropped_early_and_the_others_are_decided(scratch):
     scratch.script([{"when": {"occupancy": 2}, "factor": {"*": 15}},
                     {"when": {"occupancy": 8}, "factor": {"*": 0.9}}])
@@ -1204,7 +1250,7 @@ def test_a_config_that_wins_only_in_another_bucket_is_found_by_its_own_joint_sea
     assert rec["sampler"]["shape"] == "guard" and rec["sampler"]["bucket"] == "small"
     assert rec["screening"]["shape"] == "guard" and len(rec["screening"]["ratios"]) == 16
     assert rec["status"] == "keep" and rec["decision"]["gain"] == pytest.approx(0.28, abs=0.01)
-    assert rec["knobs"]["dispatch"] == {"small": {"fast_math": True, "occupancy": 2}}
+    assert rec["knobs"]["dispatch"] == {"big": {}, "small": {"fast_math": True, "occupancy": 2}}
     assert rec["knobs"]["fast_math"] is False        # the headline's knobs are untouched
     # timed where the tables differ (the small bucket: guard and its held-back shape) and at
     # the headline; tail runs the incumbent's code in every candidate
@@ -1270,9 +1316,9 @@ def test_row_bucket_is_the_dtype_and_the_row_widths_power_of_two():
         def __init__(self, dtype, shape):
             self.dtype, self.shape = dtype, shape
 
-    assert dispatch.row_bucket((T("torch.bfloat16", (16384, 4096)),)) == "bfloat16/n4096"
-    assert dispatch.row_bucket((T("torch.float32", (2, 2048, 5000)),)) == "float32/n8192"
-    assert dispatch.row_bucket((T("torch.float16", (7, 1)),)) == "float16/n1"
+    assert dispatch.row_bucket((T("torch.bfloat16", (16384, 4096)),)) == "bfloat16/n<=4096"
+    assert dispatch.row_bucket((T("torch.float32", (2, 2048, 5000)),)) == "float32/n<=8192"
+    assert dispatch.row_bucket((T("torch.float16", (7, 1)),)) == "float16/n<=1"
 
 
 def test_the_chosen_candidate_is_re_timed_without_the_cliff_drop(monkeypatch):

@@ -241,7 +241,7 @@ def test_a_knob_that_wins_on_one_bucket_and_loses_on_another_is_kept_where_it_wi
     # the win is not thrown away with the loss: fast math is kept in the head's bucket only,
     # checked there at the held-back shapes that run as it
     assert routed["optimization"] == "dispatch" and routed["status"] == "keep", routed["decision"]
-    assert routed["knobs"]["dispatch"] == {"d0<=1024": {"fast_math": True}}
+    assert routed["knobs"]["dispatch"] == {"d0<=1024": {"fast_math": True}, "d0<=256": {}}
     assert {"held:head", "held:tail"} <= set(routed["timing"]["shapes"])
     assert "guard" not in routed["timing"]["shapes"]
     code, report, _ = scratch.cli("report", "--kernel", "scripted")
@@ -290,7 +290,7 @@ def test_a_cliff_at_one_bucket_leaves_the_win_at_another_to_a_dispatch(scratch):
     assert code == 0, (out, err)
     routed = scratch.records()[-1]
     assert routed["optimization"] == "dispatch" and routed["status"] == "keep", routed["decision"]
-    assert routed["knobs"]["dispatch"] == {"d0<=1024": {"occupancy": 8}}
+    assert routed["knobs"]["dispatch"] == {"d0<=1024": {"occupancy": 8}, "d0<=256": {}}
 
 
 # ---- the workload view (perfloop bench) -----------------------------------------------------

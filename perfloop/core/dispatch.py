@@ -1,13 +1,13 @@
 """Per-shape dispatch: knob values that hold only for some buckets of inputs.
 
 knobs.json may hold a "dispatch" table: {bucket: {knob: value, ...}}. A bucket is what the
-kernel's own `bucket(inputs)` says (e.g. "bfloat16/n4096"), or, without one, the workload's
+kernel's own `bucket(inputs)` says (e.g. "bfloat16/n<=4096"), or, without one, the workload's
 bucket of the inputs (perfloop.core.workload: "bfloat16/hidden<=4096"); the knobs for a call are
 the plain knobs with that bucket's values over them. Kernels route every launch through
 `build`, so the judge, the timer and the kernel's public entry point dispatch the same way.
 
-With the workload's buckets, a launch in a bucket that no benchmark shape fell in runs as the
-nearest measured bucket (by dtype, then size), or, where kernel.toml's [workload] says
+A launch in a bucket that no benchmark shape fell in runs as the nearest measured bucket (by
+dtype, then size), or, with the workload's buckets where kernel.toml's [workload] says
 unseen = "tune", tunes once among the finalists (perfloop.core.tuneonce) and says so.
 """
 
@@ -33,21 +33,30 @@ def build(knobs: dict, build_one: Callable[[dict], Callable],
     """launch(inputs, out) that runs build_one(knobs_for(knobs, bucket(inputs))). Without a
     dispatch table it is build_one's own launch, so dispatch costs nothing until it is used.
 
-    `bucket`: the kernel's own key, where each bucket without an entry runs the plain knobs.
+    `bucket`: the kernel's own key; the table lists the measured buckets (an empty entry where
+    the plain knobs hold), and a bucket not in it runs as the nearest one that is (by dtype,
+    then size: perfloop.core.workload.distance).
     None: the workload's buckets, read from the kernel.toml beside build_one (or in
     `folder`), where a bucket without an entry runs as the nearest measured one (or is tuned
-    once, where the workload says unseen = "tune")."""
+    once, where the workload says unseen = "tune"). Either launch's `routes` says where each
+    unmeasured bucket went."""
     overrides = table(knobs)
     if not overrides:
         return build_one(knobs_for(knobs, ""))
     if bucket is None:
         return _routed(knobs, build_one, Path(folder) if folder else _folder_of(build_one))
-    default = build_one(knobs_for(knobs, ""))
     launches = {b: build_one(knobs_for(knobs, b)) for b in overrides}
+    routes = Routes()
 
     def launch(inputs, out, *extra):
-        return launches.get(bucket(inputs), default)(inputs, out, *extra)
+        b = bucket(inputs)
+        if b not in launches:
+            near = workload.nearest(b, overrides)
+            routes[b] = (near, "nearest measured bucket")
+            launches[b] = launches[near]
+        return launches[b](inputs, out, *extra)
 
+    launch.routes = routes
     return launch
 
 
@@ -143,6 +152,5 @@ def _finalists(knobs: dict, bucket: str, places: list[str]) -> list[str]:
 
 def row_bucket(inputs) -> str:
     """A bucket for row-wise kernels: the first input's dtype and its row width rounded up to a
-    power of two, e.g. "bfloat16/n4096"."""
-    n = inputs[0].shape[-1]
-    return f"{str(inputs[0].dtype).removeprefix('torch.')}/n{1 << max(n - 1, 0).bit_length()}"
+    power of two, e.g. "bfloat16/n<=4096"."""
+    return f"{str(inputs[0].dtype).removeprefix('torch.')}/n<={workload.pow2(inputs[0].shape[-1])}"

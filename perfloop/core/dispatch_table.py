@@ -1,6 +1,8 @@
 """knobs.json's "dispatch" table, {bucket: {knob: value, ...}}: knob values that hold only for
 some buckets of inputs, as plain functions over it (perfloop.core.dispatch builds the launch
-that routes by it; this module needs nothing else, so every layer may read tables)."""
+that routes by it; this module needs nothing else, so every layer may read tables). An empty
+entry marks a measured bucket that runs the plain knobs: unmeasured buckets run as the nearest
+bucket in the table."""
 
 from __future__ import annotations
 
@@ -30,4 +32,17 @@ def merged(current: dict, changes: dict) -> dict:
 
 
 def changed_buckets(before: dict, after: dict) -> list[str]:
-    return sorted(b for b in set(before) | set(after) if before.get(b) != after.get(b))
+    """The buckets whose entries differ (an empty entry is no entry: both run the plain
+    knobs)."""
+    return sorted(b for b in set(before) | set(after)
+                  if (before.get(b) or {}) != (after.get(b) or {}))
+
+
+def complete(table: dict, measured) -> dict:
+    """`table` with an entry, empty where it has none, for every measured bucket: a launch in a
+    bucket not in the table runs as the nearest one in it (perfloop.core.dispatch), so the
+    table's buckets must be the measured ones, those that run the plain knobs too. An empty
+    table stays empty (every launch runs the plain knobs)."""
+    if not table:
+        return table
+    return merged(table, {b: {} for b in measured if b not in table})

@@ -364,32 +364,37 @@ def inputs_bucket(wl: Workload, inputs) -> str:
     return key(wl, dtype, dims)
 
 
-def parse_key(bucket: str) -> tuple[str | None, dict[str, int]]:
-    """(the dtype part, {dim: class}) of a bucket; parts it cannot read count as the dtype."""
-    dtype, dims = None, {}
+def parse_key(bucket: str) -> tuple[str | None, dict[str, int], tuple[str, ...]]:
+    """(the dtype part, {dim: class}, the other labels) of a bucket: "name<=value" parts are
+    dims, the first other part the dtype, any after it labels (a kernel's own "small-m")."""
+    dtype, dims, labels = None, {}, []
     for part in bucket.split("/"):
         name, sep, value = part.partition("<=")
         if sep and value.isdigit():
             dims[name] = int(value)
-        elif part != "all":
+        elif part != "all" and dtype is None:
             dtype = part
-    return dtype, dims
+        elif part != "all":
+            labels.append(part)
+    return dtype, dims, tuple(labels)
 
 
-def distance(a: str, b: str) -> tuple[int, float]:
-    """How far bucket b is from a: another dtype first, then powers of two apart."""
-    (da, xa), (db, xb) = parse_key(a), parse_key(b)
+def distance(a: str, b: str) -> tuple[int, int, float]:
+    """How far bucket b is from a: another dtype first, then other labels, then powers of two
+    apart."""
+    (da, xa, la), (db, xb, lb) = parse_key(a), parse_key(b)
     size = sum(abs(math.log2(xa[n]) - math.log2(xb[n])) if n in xb else 64.0 for n in xa)
-    return int(da != db), size + 64.0 * len(set(xb) - set(xa))
+    return (int(da != db), len(set(la) ^ set(lb)),
+            size + 64.0 * len(set(xb) - set(xa)))
 
 
 def nearest(bucket: str, measured) -> str | None:
     """The measured bucket a launch in `bucket` runs as: itself if measured, else the nearest
-    (by dtype, then size; ties to the first in order); None when nothing was measured."""
+    (by dtype, then size; ties to the first by name); None when nothing was measured."""
     measured = list(measured)
     if bucket in measured or not measured:
         return bucket if bucket in measured else None
-    return min(measured, key=lambda m: distance(bucket, m))
+    return min(sorted(measured), key=lambda m: distance(bucket, m))
 
 
 # ---- held-out shapes ------------------------------------------------------------------------

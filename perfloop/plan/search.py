@@ -187,6 +187,13 @@ def apply_joint(knobs: dict, patch: dict, bucket: str | None) -> dict:
     return out
 
 
+def measured_buckets(recs: list[dict], headline: str) -> list[str]:
+    """The buckets of the benchmark's shapes, the headline's first: those a dispatch table
+    lists (perfloop.core.dispatch_table.complete)."""
+    head = headline_bucket(recs, headline)
+    return ([head] if head is not None else []) + [b for b, _ in benchmark_buckets(recs, headline)]
+
+
 def headline_bucket(recs: list[dict], headline: str) -> str | None:
     for record in reversed(recs):
         shape = ((record.get("timing") or {}).get("shapes") or {}).get(headline) or {}

@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from perfloop.core import envinfo, gpu_ipc, hooks, roofline, spawn, stats, traffic
+from perfloop.core import envinfo, gpu_ipc, hooks, roofline, spawn, stats, traffic, workload
 from perfloop.core.atomic import digest, write_json
 from perfloop.core.dispatch import knobs_for
 from perfloop.core.errors import UserError
@@ -86,6 +86,7 @@ class Timer:
         self.clock = GpuClock() if self.gpu else WallClock()
         self.launchers = self._start_launchers(spec["variants"], forked)
         self.buckets = {raw["name"]: raw.get("bucket") for raw in spec["shapes"]}
+        self.own_buckets: dict = {}  # shape -> the contract's bucket(inputs) (a hook's)
         self.cliffed: dict = {}   # (label, shape) -> how many times slower its warm-up ran
         self.overhead: dict = {}  # (shape, slots checked) -> ms of an empty batch
         # shape -> us of sleep ahead of every batch there, one for all variants: a variant
@@ -293,11 +294,25 @@ class Timer:
         self.overhead[key] = statistics.median(samples)
 
     def _bucket(self, inputs, shape: Shape):
-        """The shape's bucket: the contract's bucket(inputs) where it has the hook (its launches
-        dispatch by it), else the workload's, as the parent named it."""
-        if hasattr(self.contract, "bucket"):
-            return self.contract.bucket(inputs)
-        return self.buckets.get(shape.name)
+        """The bucket whose knobs the shape runs: the contract's bucket(inputs) where it has the
+        hook (its launches dispatch by it), else the workload's, as the parent named it. A
+        held-back shape in a bucket no benchmark shape falls in runs as the nearest measured
+        one (perfloop.core.dispatch routes its launches so), and counts there."""
+        if not hasattr(self.contract, "bucket"):
+            return self.buckets.get(shape.name)
+        own = self.own_buckets.setdefault(shape.name, self.contract.bucket(inputs))
+        if not shape.held_back:
+            return own
+        measured = {self._own_bucket(Shape.from_dict(raw)) for raw in self.spec["shapes"]
+                    if not raw.get("held_back")}
+        return workload.nearest(own, measured) or own
+
+    def _own_bucket(self, shape: Shape) -> str:
+        """A benchmark shape's own bucket (its inputs made here when it has not been timed)."""
+        if shape.name not in self.own_buckets:
+            inputs = self.contract.make_inputs(shape, 0, self.device)
+            self.own_buckets[shape.name] = self.contract.bucket(inputs)
+        return self.own_buckets[shape.name]
 
     def _skipped(self, shape: Shape, inputs) -> bool:
         """A shape outside the buckets a dispatch change touches (spec "only_buckets"), and not

@@ -163,18 +163,26 @@ def propose_variants(t: Trial) -> None:
         candidates = [{"label": label_for(0), "folder": s.spec.folder,
                        "knobs": s.spec.read_knobs()}]
     else:
-        opt = proposal.optimization
-        bucket = None
-        if opt.knob == naming.MULTI:  # a joint patch holds where the headline runs
-            from perfloop.plan import search
-            bucket = search.headline_bucket([r.to_dict() for r in s.records()],
-                                            s.spec.headline.name)
+        from perfloop.plan import search
+        opt, recs = proposal.optimization, [r.to_dict() for r in s.records()]
+        # a joint patch holds where the headline runs
+        bucket = (search.headline_bucket(recs, s.spec.headline.name)
+                  if opt.knob == naming.MULTI else None)
+        measured = search.measured_buckets(recs, s.spec.headline.name)
         candidates = [{"label": label_for(i), "folder": s.spec.folder,
-                       "knobs": _knobs_with(t.incumbent_knobs, opt.knob, v, bucket)}
+                       "knobs": _with_measured(_knobs_with(t.incumbent_knobs, opt.knob, v,
+                                                           bucket), measured)}
                       for i, v in enumerate(proposal.values)]
     t.variants = [incumbent] + ([] if t.kind == Kind.BASELINE else candidates)
     t.candidates, t.proposed = list(candidates), list(candidates)
     t.values = dict(zip((v["label"] for v in candidates), proposal.values))
+
+
+def _with_measured(knobs: dict, measured: list[str]) -> dict:
+    """The knobs with their dispatch table (if any) listing every measured bucket, so that a
+    launch in an unmeasured one runs as the nearest measured bucket, as the timer counts it."""
+    table = dispatch.complete(dispatch.table(knobs), measured)
+    return {**knobs, dispatch.KEY: table} if table else knobs
 
 
 def _knobs_with(knobs: dict, knob: str, value, bucket: str | None) -> dict:
@@ -336,9 +344,9 @@ def committed_knobs(t: Trial, verdict: decide.Verdict) -> dict:
     before, after = dispatch.table(t.incumbent_knobs), dispatch.table(knobs)
     table = {b: (before if b in verdict.dropped_buckets else after).get(b)
              for b in sorted(set(before) | set(after))}
-    table = {b: entry for b, entry in table.items() if entry}
+    table = {b: entry or {} for b, entry in table.items()}
     out = {k: v for k, v in knobs.items() if k != dispatch.KEY}
-    return {**out, dispatch.KEY: table} if table else out
+    return {**out, dispatch.KEY: table} if any(table.values()) else out
 
 
 def commit_trial(t: Trial, verdict: decide.Verdict) -> str:
