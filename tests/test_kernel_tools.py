@@ -82,3 +82,11 @@ def test_array_constraints_are_row_contiguous():
     assert kt.array("float16").stride_constant == (None, 1)
     assert kt.array("float32", 1).stride_constant == (1,)
     assert kt.array("bfloat16", 3).ndim == 3
+
+
+def test_rows_per_block_halve_until_every_sm_has_two_blocks():
+    assert kt.fill_rows(64, 32768, 132) == 64          # 512 blocks: as the knobs say
+    assert kt.fill_rows(256, 11782, 132) == 32         # 369 blocks, not 47
+    assert kt.fill_rows(8, 298, 132) == 1              # fewer rows than SMs: one per block
+    assert kt.fill_rows(1, 7, 132) == 1
+    assert kt.fill_rows(16, 4224, 132) == 16           # exactly two blocks per SM

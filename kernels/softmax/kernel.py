@@ -9,7 +9,9 @@ Every knob in knobs.json is a compile-time constant or a kernel hint:
                    its rows twice: an online pass for the running max and sum, then a pass
                    that writes exp(x - max) / sum
   block_elems      when set, rows per block = block_elems / columns per tile (at least 1),
-                   replacing tile's rows: the same value then fits narrow and wide rows
+                   replacing tile's rows: the same value then fits narrow and wide rows.
+                   Either way rows per block halve while the grid would have fewer than two
+                   blocks per SM (perfloop.kernel_tools.fill_rows)
   latency          latency hint on the loads of x (null: none)
   load_allow_tma   allow_tma on the loads of x (null: the compiler's choice)
   store_latency    latency hint on the store (null: none)
@@ -118,18 +120,18 @@ def _pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
-def _geometry(knobs: dict, n: int) -> tuple[int, int]:
-    """(rows per block, columns per tile) for rows of n elements."""
+def _geometry(knobs: dict, m: int, n: int, sms: int) -> tuple[int, int]:
+    """(rows per block, columns per tile) for m rows of n elements on `sms` SMs."""
     rows, cols = knobs["tile"]
     whole = _pow2(n)
     tn = whole if not cols or cols >= whole else cols
     if knobs["block_elems"]:
         rows = max(1, knobs["block_elems"] // tn)
-    return rows, tn
+    return kt.fill_rows(rows, m, sms), tn
 
 
-def _constants(knobs: dict, n: int) -> tuple:
-    rows, tn = _geometry(knobs, n)
+def _constants(knobs: dict, m: int, n: int, sms: int) -> tuple:
+    rows, tn = _geometry(knobs, m, n, sms)
     tma = kt.TMA_CODE
     gather = {"load_store": False, "gather_scatter": True}[knobs["memory_path"]]
     return (rows, tn, tn >= n, gather, knobs["latency"] or 0, tma[knobs["load_allow_tma"]],
@@ -138,7 +140,8 @@ def _constants(knobs: dict, n: int) -> tuple:
 
 
 def grid(knobs: dict, m: int, n: int, device) -> tuple[int]:
-    return kt.grid(-(-m // _geometry(knobs, n)[0]), knobs["persistent"],
+    rows = _geometry(knobs, m, n, kt.sm_count(device.index or 0))[0]
+    return kt.grid(-(-m // rows), knobs["persistent"],
                    knobs["occupancy"] or PERSISTENT_OCCUPANCY, device)
 
 
@@ -166,7 +169,7 @@ def _build_one(knobs: dict):
         x2 = inputs[0].reshape(-1, inputs[0].shape[-1])
         y2 = out.view(-1, out.shape[-1])
         ct.launch(torch.cuda.current_stream(), grid(knobs, *x2.shape, x2.device), kern,
-                  (x2, y2, *_constants(knobs, x2.shape[1])))
+                  (x2, y2, *_constants(knobs, *x2.shape, kt.sm_count(x2.device.index or 0))))
         return out
 
     return launch
@@ -220,7 +223,7 @@ def competitors() -> dict:
 
 def compile_ahead(knobs: dict, shapes, arch: str) -> None:
     """Compile this variant for every (dtype, n) of `shapes` with tileiras, no GPU needed."""
-    for dtype, n in sorted({(s.dtype, s.dims[-1]) for s in shapes}):
+    for dtype, m, n in sorted({(s.dtype, math.prod(s.dims[:-1]), s.dims[-1]) for s in shapes}):
         array = kt.array(dtype)
         kt.export(kernel_object(knobs["occupancy"]), softmax_kernel,
-                  [[array, array, *_constants(knobs, n)]], arch)
+                  [[array, array, *_constants(knobs, m, n, kt.SM_COUNT.get(arch, 132))]], arch)
