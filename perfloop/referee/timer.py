@@ -86,7 +86,7 @@ class Timer:
         self.clock = GpuClock() if self.gpu else WallClock()
         self.launchers = self._start_launchers(spec["variants"], forked)
         self.buckets = {raw["name"]: raw.get("bucket") for raw in spec["shapes"]}
-        self.own_buckets: dict = {}  # shape -> the contract's bucket(inputs) (a hook's)
+        self.runs_as: dict = {}  # shape -> the bucket it runs as (a hook's)
         self.cliffed: dict = {}   # (label, shape) -> how many times slower its warm-up ran
         self.overhead: dict = {}  # (shape, slots checked) -> ms of an empty batch
         # shape -> us of sleep ahead of every batch there, one for all variants: a variant
@@ -300,19 +300,23 @@ class Timer:
         one (perfloop.core.dispatch routes its launches so), and counts there."""
         if not hasattr(self.contract, "bucket"):
             return self.buckets.get(shape.name)
-        own = self.own_buckets.setdefault(shape.name, self.contract.bucket(inputs))
-        if not shape.held_back:
-            return own
-        measured = {self._own_bucket(Shape.from_dict(raw)) for raw in self.spec["shapes"]
-                    if not raw.get("held_back")}
-        return workload.nearest(own, measured) or own
+        if shape.name not in self.runs_as:
+            own = self.contract.bucket(inputs)
+            if shape.held_back:
+                own = workload.nearest(own, self._measured()) or own
+            self.runs_as[shape.name] = own
+        return self.runs_as[shape.name]
 
-    def _own_bucket(self, shape: Shape) -> str:
-        """A benchmark shape's own bucket (its inputs made here when it has not been timed)."""
-        if shape.name not in self.own_buckets:
-            inputs = self.contract.make_inputs(shape, 0, self.device)
-            self.own_buckets[shape.name] = self.contract.bucket(inputs)
-        return self.own_buckets[shape.name]
+    def _measured(self) -> set:
+        """The buckets of the benchmark's shapes (the hook's; a shape not timed yet has its
+        inputs made here)."""
+        out = set()
+        for raw in self.spec["shapes"]:
+            shape = Shape.from_dict(raw)
+            if not shape.held_back:
+                out.add(self._bucket(self.contract.make_inputs(shape, 0, self.device), shape)
+                        if shape.name not in self.runs_as else self.runs_as[shape.name])
+        return out
 
     def _skipped(self, shape: Shape, inputs) -> bool:
         """A shape outside the buckets a dispatch change touches (spec "only_buckets"), and not
