@@ -271,6 +271,40 @@ def test_candidates_are_chosen_at_the_benchmark_and_the_chosen_one_timed_held_ou
                for n in held)
 
 
+def test_a_candidate_faster_nowhere_is_not_timed_at_the_held_out_shapes(scratch):
+    # the held-out shapes only guard a keep: a candidate slower at every benchmark shape is
+    # reverted without them (a run's reverts cost the benchmark's shapes only)
+    with open(scratch.kernel / "kernel.toml", "a") as f:
+        f.write('\n[workload]\ndims = ["n"]\nn = { min = 200, max = 1100 }\n'
+                'dtypes = ["float32"]\nheld_out = 2\n')
+    scratch.script([{"when": {"tile": [1, 2048]}, "factor": {"*": 1.3}}])
+    scratch.commit_all("a workload")
+    assert scratch.cli("init", "--kernel", "scripted")[0] == 0
+    code, out, err = scratch.cli("step", "--kernel", "scripted", "--opt", "tile_shape",
+                                 "--value", "[1, 2048]")
+    assert code == 0 and out["experiment"]["status"] == "revert", (out, err)
+    timing = scratch.records()[-1]["timing"]
+    assert set(timing["shapes"]) == {"head", "guard", "tail"}
+    assert "no candidate was faster" in timing["method"]["held_back"]
+
+
+def test_held_out_shapes_are_timed_when_a_candidate_may_gain_somewhere():
+    from perfloop.referee.timer import may_gain
+
+    def shape(inc, cand):
+        return {"rounds": {"incumbent": [[t] for t in inc], "candidate-0": [[t] for t in cand]}}
+
+    same = [1.0, 1.01, 0.99, 1.0, 1.02, 0.98, 1.0, 1.01]
+    slower = [t * 1.2 for t in same]
+    faster = [t * 0.9 for t in same]
+    assert not may_gain({"a": shape(same, slower)}, ["candidate-0"])
+    assert not may_gain({"a": shape(same, same)}, ["candidate-0"])
+    assert may_gain({"a": shape(same, slower), "b": shape(same, faster)}, ["candidate-0"])
+    assert not may_gain({"b": shape(same, faster)}, ["candidate-1"])   # not a candidate
+    nan = [float("nan")] * len(same)
+    assert not may_gain({"a": shape(same, nan)}, ["candidate-0"])
+
+
 def test_a_cliff_at_one_bucket_leaves_the_win_at_another_to_a_dispatch(scratch):
     # occupancy 8: 10x slower at the guard (dropped there as a cliff), 15% faster elsewhere
     _without_bucket_hook(scratch)

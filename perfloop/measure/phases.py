@@ -182,12 +182,14 @@ def start_timing(variants: list[dict], shapes: list[dict], rules: Rules, *, cont
                  env: dict, checked: list[str] | None = None,
                  only_buckets: list[str] | None = None, always: list[str] = (),
                  ahead: tuple | None = None, confinement: Confinement = Confinement(),
-                 cache: Path | None = None) -> Pending:
+                 cache: Path | None = None, held_back_if_gain: bool = False) -> Pending:
     """Start the worker for these variants (the incumbent and its control first). `checked`
     names the variants whose outputs and streams are checked (default: all but the incumbent
     and its control). `only_buckets`: time only the shapes in these buckets (by the kernel's
     bucket()) and those named in `always`: a change of the dispatch table leaves every other
-    bucket's code as it was. `ahead`: a worker started ahead (start_timer_ahead) takes them."""
+    bucket's code as it was. `ahead`: a worker started ahead (start_timer_ahead) takes them.
+    `held_back_if_gain`: a pass times the held-back shapes only where some candidate was
+    faster at a benchmark shape (a decision's timing: they only guard a keep)."""
     common = {"shapes": shapes, "measure": vars(rules.measure),
               **({"only_buckets": list(only_buckets), "always": list(always)}
                  if only_buckets is not None else {}),
@@ -197,6 +199,7 @@ def start_timing(variants: list[dict], shapes: list[dict], rules: Rules, *, cont
               "tolerance": tolerance, "headline": headline, "ceilings_cache": str(ceilings_cache),
               "confinement": {"mode": confinement.mode, "reads": list(confinement.reads)},
               "cache": str(cache or work / "cache"),
+              **({"held_back": "if-gain"} if held_back_if_gain else {}),
               **({"checked": checked} if checked is not None else {})}
     pending = Pending(common, list(variants), work, cwd, env, rules.stall_timeout_s,
                       time.monotonic())

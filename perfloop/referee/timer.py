@@ -63,6 +63,8 @@ class Progress:
 
 
 class Timer:
+    held_back_skipped = False   # a pass found no gain at the benchmark's shapes
+
     def __init__(self, spec: dict):
         self.spec = spec
         self.settings = Measure(**spec["measure"])
@@ -471,11 +473,17 @@ class Timer:
         """Every variant of `labels` at every shape (`held_back` False: the benchmark's only)."""
         settings = self.settings if cliffs else Measure(**{**vars(self.settings),
                                                            "cliff_ratio": None})
-        shapes = {}
+        shapes, gainless = {}, None
         for index, raw in enumerate(self.spec["shapes"]):
             shape = Shape.from_dict(raw)
             if shape.held_back and not held_back:
                 continue
+            if shape.held_back and self.spec.get("held_back") == "if-gain":
+                if gainless is None:  # (the benchmark's shapes come first)
+                    gainless = not may_gain(shapes, self._candidates(labels))
+                if gainless:
+                    self.held_back_skipped = True
+                    continue
             if INCUMBENT not in self._active(labels):
                 break
             timed = self._time_shape(shape, labels, seed, index, settings)
@@ -524,12 +532,33 @@ class Timer:
                 "verified": f"{CHECKS_PER_BATCH} launches per batch, chosen at random, against "
                             "the float64 reference computed by the trusted timer",
                 "selection": "best candidate re-timed in fresh rounds" if passes > 1
-                else "single pass"}
+                else "single pass",
+                **({"held_back": "not timed: no candidate was faster than the incumbent at "
+                                 "any benchmark shape, so none could be kept"}
+                   if self.held_back_skipped else {})}
 
     def close(self) -> None:
         for launcher in self.launchers.values():
             launcher.kill()
         spawn.kill_descendants(spare=self._own)  # torch's manager may serve a process after us
+
+
+def may_gain(shapes: dict, candidates: list[str]) -> bool:
+    """Whether some candidate's per-round ratio to the incumbent has its 95% interval below 1
+    at some shape timed so far: a keep needs that at a benchmark shape (perfloop.plan.decide
+    real_gain), so without it the held-back shapes, which only guard a keep, are not timed."""
+    for shape in shapes.values():
+        rounds = shape["rounds"]
+        if INCUMBENT not in rounds:
+            continue
+        base = [statistics.median(r) for r in rounds[INCUMBENT]]
+        for label in candidates:
+            if label not in rounds or len(rounds[label]) != len(base):
+                continue
+            ratio = stats.compare(base, [statistics.median(r) for r in rounds[label]])
+            if ratio.ci_high < 1.0:   # (NaN compares False: a lost batch proves nothing)
+                return True
+    return False
 
 
 def _group(pid: int) -> int | None:

@@ -250,7 +250,8 @@ def _start_timer(t: Trial, env: dict):
         ceilings_cache=s.ceilings_cache, work=t.work, cwd=s.root, env=env,
         confinement=s.confinement(), cache=s.sandbox / "cache",
         only_buckets=_touched_buckets(t), always=[s.spec.headline.name],
-        checked=[INCUMBENT] if t.kind == Kind.BASELINE else None, ahead=waiting)
+        checked=[INCUMBENT] if t.kind == Kind.BASELINE else None, ahead=waiting,
+        held_back_if_gain=True)
 
 
 def _judge(t: Trial, env: dict, timer, warmers: list) -> None:
