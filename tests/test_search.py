@@ -970,6 +970,45 @@ def test_a_value_that_wins_only_on_some_buckets_is_kept_there_by_a_dispatch(scra
     assert code == 2 and "no dispatch experiment" in out["error"]
 
 
+def test_a_step_reaches_a_bucket_whose_entry_sets_its_knob(scratch):
+    """An earlier run left occupancy 2 in the small bucket's entry. A one-knob occupancy step
+    runs its value there too (in the old way the entry kept it from the small bucket for
+    ever): 8 is 30% slower at the big bucket, 20% faster at the small one, so the step is
+    reverted and the dispatch that follows it keeps 8 in the small bucket's entry."""
+    knobs_path = scratch.kernel / "knobs.json"
+    knobs = json.loads(knobs_path.read_text())
+    knobs_path.write_text(json.dumps({**knobs, "dispatch": {"big": {}, "small": {"occupancy": 2}}}))
+    slow_big = {n: 1.3 for n in ("head", "tail", "held:head", "held:tail")}
+    scratch.script([{"when": {"occupancy": 8},
+                     "factor": {**slow_big, "guard": 0.8, "held:guard": 0.8}}])
+    scratch.commit_all("script, an entry from an earlier run")
+    assert scratch.cli("init", "--kernel", "scripted")[0] == 0
+    code, out, err = scratch.cli("step", "--kernel", "scripted", "--opt", "occupancy",
+                                 "--value", "8")
+    assert code == 0, err
+    step = scratch.records()[-1]
+    assert step["status"] == "revert" and step["every_bucket"] is True
+    guard = step["timing"]["shapes"]["guard"]["vs_incumbent"]
+    assert guard[step["timing"]["chosen"]]["ratio"] == pytest.approx(0.8, abs=0.02)
+    code, out, err = scratch.cli("step", "--kernel", "scripted", "--opt", "dispatch")
+    assert code == 0, (out, err)
+    rec = scratch.records()[-1]
+    assert rec["status"] == "keep", rec["decision"]
+    assert rec["knobs"]["dispatch"] == {"big": {}, "small": {"occupancy": 8}}
+    assert json.loads(knobs_path.read_text())["occupancy"] is None
+
+
+def test_set_everywhere_moves_the_plain_value_and_every_entry_that_sets_the_knob():
+    knobs = {"tile": (1, 1024), "occupancy": None,
+             "dispatch": {"a": {"tile": [4, 0], "occupancy": 2}, "b": {"occupancy": 4}, "c": {}}}
+    out = dispatch.set_everywhere(knobs, "tile", (2, 0))
+    assert out["tile"] == (2, 0)
+    assert out["dispatch"] == {"a": {"tile": [2, 0], "occupancy": 2}, "b": {"occupancy": 4},
+                               "c": {}}
+    assert knobs["dispatch"]["a"]["tile"] == [4, 0]                   # (a copy)
+    assert dispatch.set_everywhere({"tile": (1, 1)}, "tile", (2, 0)) == {"tile": (2, 0)}
+
+
 def test_rules_can_turn_dispatch_off(scratch):
     scratch.script(SPLIT)
     scratch.rules(dispatch="false")

@@ -23,6 +23,7 @@ from perfloop.core.dispatch_table import (  # noqa: F401  (kernels and judges re
     changed_buckets,
     knobs_for,
     merged,
+    set_everywhere,
     table,
 )
 from perfloop.core.values import freeze

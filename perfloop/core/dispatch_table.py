@@ -6,7 +6,7 @@ bucket in the table."""
 
 from __future__ import annotations
 
-from perfloop.core.values import freeze
+from perfloop.core.values import freeze, thaw
 
 KEY = "dispatch"
 
@@ -46,3 +46,16 @@ def complete(table: dict, measured) -> dict:
     if not table:
         return table
     return merged(table, {b: {} for b in measured if b not in table})
+
+
+def set_everywhere(knobs: dict, knob: str, value) -> dict:
+    """The knobs with `knob` at `value` in the plain knobs and in every entry that sets it: a
+    one-knob step then runs its value in every bucket, so a bucket whose entry an earlier run
+    wrote is measured again, not kept for ever (H100 softmax: 64 rows per block at 512
+    columns, 0.58 of torch.compile, which no later step could reach)."""
+    out = {**knobs, knob: value}
+    entries = table(knobs)
+    if any(knob in e for e in entries.values()):
+        out[KEY] = {b: ({**e, knob: thaw(value)} if knob in e else dict(e))
+                    for b, e in entries.items()}
+    return out

@@ -140,20 +140,22 @@ def _with_incumbent(recs: list[dict], knobs: dict):
 
 def _measured(recs: list[dict], shape: str) -> dict[str, dict]:
     """{knob: {value: ratio against the value in force before its step}} from the latest
-    one-knob step of each knob (its first pass, at `shape`). A step whose knob the shape's
-    bucket dispatched then (by the incumbent's knobs in the record) did not move it there, and
-    says nothing about it."""
+    one-knob step of each knob (its first pass, at `shape`). The value in force at the shape
+    is its bucket's entry's where that sets the knob (by the incumbent's knobs in the record);
+    a step that ran its values in the plain knobs only ("every_bucket" absent: an earlier
+    perfloop's) did not move the knob there, and says nothing about it."""
     bucket = headline_bucket(recs, shape)
     out: dict[str, dict] = {}
     for record, base in _with_incumbent(recs, {}):
         if not _single_knob(record) or "incumbent_value" not in record:
             continue
-        if record["knob"] in dispatch.table(base).get(bucket or "", {}):
+        entry = dispatch.table(base).get(bucket or "", {})
+        if record["knob"] in entry and not record.get("every_bucket"):
             continue
         timed = (first_pass(record) or {}).get(shape)
         if not timed:
             continue
-        ratios = {freeze(record["incumbent_value"]): 1.0}
+        ratios = {freeze(entry.get(record["knob"], record["incumbent_value"])): 1.0}
         for label, value in record["timing"]["labels"].items():
             if label in timed["vs_incumbent"]:
                 ratios[freeze(value)] = timed["vs_incumbent"][label]["ratio"]
@@ -456,7 +458,9 @@ def measured_configs(recs: list[dict], knobs: dict, headline: str,
             if knob in (MULTI, dispatch.KEY) and not isinstance(value, dict):
                 continue
             applied = (apply_joint(base, value, routed) if knob == MULTI
-                       else {**base, knob: value if knob == dispatch.KEY else freeze(value)})
+                       else {**base, knob: value} if knob == dispatch.KEY
+                       else dispatch.set_everywhere(base, knob, freeze(value))
+                       if record.get("every_bucket") else {**base, knob: freeze(value)})
             ratio = shape.get(label, {}).get("ratio", screened.get(label))
             out.append((dispatch.knobs_for(applied, bucket), ratio))
     return out

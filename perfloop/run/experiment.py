@@ -189,7 +189,9 @@ def _knobs_with(knobs: dict, knob: str, value, bucket: str | None) -> dict:
     if knob == naming.MULTI:
         from perfloop.plan import search
         return search.apply_joint(knobs, value, bucket)
-    return {**knobs, knob: value}
+    if knob == dispatch.KEY:
+        return {**knobs, knob: value}
+    return dispatch.set_everywhere(knobs, knob, value)   # (record: "every_bucket")
 
 
 def screen(t: Trial) -> None:
@@ -424,6 +426,8 @@ def record_trial(t: Trial, verdict: decide.Verdict, commit: str) -> records.Expe
         "phases_s": {**t.phase_s, "total": phases.elapsed(t.t0)},
         "compile_ahead": t.compile_ahead, "started_at": t.started, "finished_at": time.time(),
     }
+    if t.kind == Kind.PLAYBOOK and knob not in (None, naming.MULTI, dispatch.KEY):
+        line["every_bucket"] = True   # its values ran in every bucket's entry too
     if t.proposal.sampler:  # a joint search: what chose its configs, out of how many
         line["sampler"] = t.proposal.sampler
     if t.screen_ratios:  # every candidate's ratio where it was screened (the headline's)
