@@ -94,6 +94,11 @@ def test_a_dispatch_is_decided_where_it_changed_and_only_if_a_held_back_shape_wa
                              comparisons={"guard": Comparison(0.8, 0.79, 0.81)})
     verdict = decide.decide(outcome, RULES)
     assert verdict.status is Status.REVERT and "held-back" in verdict.reason
+    # without a gain the timer leaves the held-back shapes out: the row says why it reverted
+    flat = decide.Evidence(correct=True, headline="guard", ungeneralized=("small",),
+                           comparisons={"guard": Comparison(1.001, 0.999, 1.003)})
+    verdict = decide.decide(flat, RULES)
+    assert verdict.status is Status.REVERT and "no improvement" in verdict.reason
 
 
 def _joint_kept(first: dict) -> list[dict]:

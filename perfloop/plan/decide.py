@@ -65,10 +65,6 @@ def decide(outcome: Evidence, rules: DecisionRules) -> Verdict:
     if outcome.below_floor:
         return Verdict(Status.REVERT, Correctness.PASS, "faster than the physical floor on "
                        f"{', '.join(outcome.below_floor)}: a broken measurement, not kept")
-    if outcome.ungeneralized:
-        return Verdict(Status.REVERT, Correctness.PASS, "no held-back shape was timed in bucket "
-                       f"{', '.join(outcome.ungeneralized)}: the choice there may fit only "
-                       "the benchmark's shape")
     if outcome.headline not in outcome.comparisons:
         return Verdict(Status.REVERT, Correctness.PASS,
                        "the change reaches none of the benchmark's shapes")
@@ -85,6 +81,10 @@ def decide(outcome: Evidence, rules: DecisionRules) -> Verdict:
                        f"[{head.ci_low:.4f}, {head.ci_high:.4f}], noise "
                        f"{100 * head.noise:.2f}%, smallest gain counted "
                        f"{100 * rules.min_gain:.2f}%)", gain=head.gain)
+    if outcome.ungeneralized:  # (after the gain: the timer times them only for a gain)
+        return Verdict(Status.REVERT, Correctness.PASS, "no held-back shape was timed in bucket "
+                       f"{', '.join(outcome.ungeneralized)}: the choice there may fit only "
+                       "the benchmark's shape", gain=head.gain)
     pct = f"{100 * head.gain:.2f}% faster"
     if head.gain >= rules.keep_gain:
         return Verdict(Status.KEEP, Correctness.PASS, f"{pct}: new incumbent", head.gain,
