@@ -87,13 +87,25 @@ def test_a_range_with_multiple_of_stays_a_multiple_inside_the_range():
     assert rows and all(r % 64 == 0 and 64 <= r <= 1000 for r in rows)
 
 
-def test_an_unmeasured_bucket_runs_as_the_nearest_of_its_dtype_before_any_other():
+def test_an_unmeasured_bucket_runs_as_the_nearest_of_its_element_size_before_any_other():
     measured = parse(NORMS).measured()
     assert W.nearest("bfloat16/rows<=8192/hidden<=8192", measured) == measured[0]
     assert W.nearest("float32/rows<=1/hidden<=2048", measured) == measured[2]
     assert W.nearest("float64/rows<=2048/hidden<=16384", measured) == measured[1]
     assert W.nearest(measured[1], measured) == measured[1]
     assert W.nearest("anything", []) is None
+    # bf16 and fp16 are one element size: the same width in the other beats another width
+    rows = ["bfloat16/n<=4096", "bfloat16/n<=512", "float16/n<=32768", "float32/n<=8192"]
+    assert W.nearest("float16/n<=512", rows) == "bfloat16/n<=512"
+    assert W.nearest("float16/n<=16384", rows) == "float16/n<=32768"
+    assert W.nearest("bfloat16/n<=32768", rows) == "float16/n<=32768"
+    assert W.nearest("bfloat16/n<=65536", rows) == "float16/n<=32768"
+    assert W.nearest("float32/n<=512", rows) == "float32/n<=8192"    # 4 bytes, not 2
+    assert W.nearest("bfloat16/n<=8192", ["bfloat16/n<=4096", "float16/n<=16384"]) == \
+        "bfloat16/n<=4096"                                            # a tie: the same dtype
+    matmul = ["bfloat16/large-m", "bfloat16/small-m", "float16/large-m"]
+    assert W.nearest("float16/small-m", matmul) == "bfloat16/small-m"
+    assert W.nearest("float8_e4m3fn/n<=512", rows) == "bfloat16/n<=512"   # 1 byte: no match
 
 
 @pytest.mark.parametrize("text, says", [
@@ -183,7 +195,8 @@ def test_a_held_out_shape_is_timed_as_the_measured_bucket_a_launch_routes_it_to(
     assert [t["bucket"] for t in timed[:3]] == wl.measured()
     assert timed[3]["routed_from"] == "bfloat16/rows<=512/hidden<=8192"
     assert timed[3]["bucket"] == W.nearest("bfloat16/rows<=512/hidden<=8192", wl.measured())
-    assert timed[3]["bucket"].startswith("bfloat16/")
+    # fp16's 2048 x 16384 is 3 powers of two away, bf16's 16384 x 4096 6: one element size
+    assert timed[3]["bucket"] == "float16/rows<=2048/hidden<=16384"
     assert all("routed_from" not in t for t in timed[:3])
 
 

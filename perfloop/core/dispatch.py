@@ -7,7 +7,7 @@ the plain knobs with that bucket's values over them. Kernels route every launch 
 `build`, so the judge, the timer and the kernel's public entry point dispatch the same way.
 
 A launch in a bucket that no benchmark shape fell in runs as the nearest measured bucket (by
-dtype, then size), or, with the workload's buckets where kernel.toml's [workload] says
+element size, then size), or, with the workload's buckets where kernel.toml's [workload] says
 unseen = "tune", tunes once among the finalists (perfloop.core.tuneonce) and says so.
 """
 
@@ -35,8 +35,8 @@ def build(knobs: dict, build_one: Callable[[dict], Callable],
     dispatch table it is build_one's own launch, so dispatch costs nothing until it is used.
 
     `bucket`: the kernel's own key; the table lists the measured buckets (an empty entry where
-    the plain knobs hold), and a bucket not in it runs as the nearest one that is (by dtype,
-    then size: perfloop.core.workload.distance).
+    the plain knobs hold), and a bucket not in it runs as the nearest one that is (by element
+    size, then size: perfloop.core.workload.distance).
     None: the workload's buckets, read from the kernel.toml beside build_one (or in
     `folder`), where a bucket without an entry runs as the nearest measured one (or is tuned
     once, where the workload says unseen = "tune"). Either launch's `routes` says where each

@@ -379,18 +379,29 @@ def parse_key(bucket: str) -> tuple[str | None, dict[str, int], tuple[str, ...]]
     return dtype, dims, tuple(labels)
 
 
-def distance(a: str, b: str) -> tuple[int, int, float]:
-    """How far bucket b is from a: another dtype first, then other labels, then powers of two
-    apart."""
+ELEMENT_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8, "int8": 1,
+                 "uint8": 1, "int16": 2, "int32": 4, "int64": 8, "float8_e4m3fn": 1,
+                 "float8_e5m2": 1}
+
+
+def distance(a: str, b: str) -> tuple[int, int, float, int]:
+    """How far bucket b is from a: another element size first (another dtype where either is
+    unknown), then other labels, then powers of two apart, then another dtype of the same size.
+    bf16 and fp16 move the same bytes and run the same tensor-core rate, so the config for the
+    same width in the other one fits better than that of another width in the same one (H100
+    softmax: fp16 rows of 512 ran as the fp16 bucket of 32768-wide rows, 32 rows per block)."""
     (da, xa, la), (db, xb, lb) = parse_key(a), parse_key(b)
     size = sum(abs(math.log2(xa[n]) - math.log2(xb[n])) if n in xb else 64.0 for n in xa)
-    return (int(da != db), len(set(la) ^ set(lb)),
-            size + 64.0 * len(set(xb) - set(xa)))
+    wa, wb = ELEMENT_BYTES.get(da or ""), ELEMENT_BYTES.get(db or "")
+    other_width = wa != wb if wa and wb else da != db
+    return (int(other_width), len(set(la) ^ set(lb)),
+            size + 64.0 * len(set(xb) - set(xa)), int(da != db))
 
 
 def nearest(bucket: str, measured) -> str | None:
     """The measured bucket a launch in `bucket` runs as: itself if measured, else the nearest
-    (by dtype, then size; ties to the first by name); None when nothing was measured."""
+    (by element size, then labels, then size, then dtype: distance; ties to the first by
+    name); None when nothing was measured."""
     measured = list(measured)
     if bucket in measured or not measured:
         return bucket if bucket in measured else None
