@@ -1184,6 +1184,9 @@ def test_a_held_out_shape_in_an_unmeasured_bucket_counts_where_it_runs(scratch, 
     shapes = rec["timing"]["shapes"]
     assert shapes["held:fp32:3000"]["bucket"] == "float32/n<=1024"
     assert shapes["held:fp32:1500"]["bucket"] == "float32/n<=1024"
+    assert shapes["held:fp32:3000"]["routed_from"] == "float32/n<=4096"   # its own, kept
+    assert shapes["held:fp32:1500"]["routed_from"] == "float32/n<=2048"
+    assert "routed_from" not in shapes["head"]
     assert rec["status"] == status, out["experiment"]["reason"]
     knobs = json.loads((scratch.kernel / "knobs.json").read_text())
     if status == "revert":

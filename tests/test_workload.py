@@ -355,8 +355,10 @@ def test_the_workload_view_compares_cutile_with_its_best_peer_at_every_shape():
     summary = {
         "head": _timed({"incumbent": 1.0, "incumbent-again": 1.0, "torch-compile": 1.2,
                         "torch-eager": 2.0, "triton": 1.1}, floor=0.9, bucket="bf16/n4096"),
-        "held:bf16:50x8192": _timed({"incumbent": 2.0, "incumbent-again": 2.0,
-                                     "torch-compile": 1.0, "torch-eager": 3.0, "triton": 1.5}),
+        "held:bf16:50x8192": {**_timed({"incumbent": 2.0, "incumbent-again": 2.0,
+                                        "torch-compile": 1.0, "torch-eager": 3.0,
+                                        "triton": 1.5}, bucket="bf16/n4096"),
+                              "routed_from": "bf16/n8192"},
         "held:fp16:1x4096": _timed({"incumbent": 1.0, "incumbent-again": 1.0,
                                     "torch-compile": 0.95, "torch-eager": 0.9, "triton": 2.0})}
     v = workload_view.view(summary, labels, {"held:bf16:50x8192": "bfloat16/hidden<=8192",
@@ -365,13 +367,16 @@ def test_the_workload_view_compares_cutile_with_its_best_peer_at_every_shape():
     assert rows["head"]["best_peer"] == "triton" and rows["head"]["vs_best_peer"] == 1.1
     assert not rows["head"]["held_out"] and rows["head"]["share_of_floor"] == 0.9
     assert rows["held:bf16:50x8192"]["vs_best_peer"] == 0.5
-    assert rows["held:bf16:50x8192"]["bucket"] == "bfloat16/hidden<=8192"
+    assert rows["held:bf16:50x8192"]["bucket"] == "bf16/n4096"         # as the timer ran it
+    assert rows["held:bf16:50x8192"]["own_bucket"] == "bf16/n8192"
+    assert rows["head"]["own_bucket"] is None
     assert rows["held:fp16:1x4096"]["best_peer"] == "torch-eager"   # cuBLAS, for a matmul
     assert v["below_bar"] == ["held:bf16:50x8192"] and v["seed"] == 7
     assert v["geomean_held_out"] == pytest.approx((0.5 * 0.9) ** 0.5, abs=1e-3)
     assert v["geomean_vs_best_peer"] == pytest.approx((1.1 * 0.5 * 0.9) ** (1 / 3), abs=1e-3)
     text = "\n".join(workload_view.render(v))
     assert "held:bf16:50x8192" in text and "below 0.90 of the best peer: held:bf16:50x8192" in text
+    assert "| bf16/n4096 (its own: bf16/n8192) |" in text
 
 
 def test_bench_draws_held_out_shapes_only_from_a_declared_workload(tmp_path):

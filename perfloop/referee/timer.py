@@ -89,6 +89,10 @@ class Timer:
         self.launchers = self._start_launchers(spec["variants"], forked)
         self.buckets = {raw["name"]: raw.get("bucket") for raw in spec["shapes"]}
         self.runs_as: dict = {}  # shape -> the bucket it runs as (a hook's)
+        # held-back shape -> its own bucket, where it runs as another (the parent's, else the
+        # hook's): the record says both
+        self.routed_from = {raw["name"]: raw["routed_from"] for raw in spec["shapes"]
+                            if raw.get("routed_from")}
         self.cliffed: dict = {}   # (label, shape) -> how many times slower its warm-up ran
         self.overhead: dict = {}  # (shape, slots checked) -> ms of an empty batch
         # shape -> us of sleep ahead of every batch there, one for all variants: a variant
@@ -303,10 +307,12 @@ class Timer:
         if not hasattr(self.contract, "bucket"):
             return self.buckets.get(shape.name)
         if shape.name not in self.runs_as:
-            own = self.contract.bucket(inputs)
+            own = runs = self.contract.bucket(inputs)
             if shape.held_back:
-                own = workload.nearest(own, self._measured()) or own
-            self.runs_as[shape.name] = own
+                runs = workload.nearest(own, self._measured()) or own
+            if runs != own:
+                self.routed_from[shape.name] = own
+            self.runs_as[shape.name] = runs
         return self.runs_as[shape.name]
 
     def _measured(self) -> set:
@@ -462,6 +468,8 @@ class Timer:
         return {"bytes": done.bytes, "flops": done.total_flops, "flops_by_unit": done.flops,
                 "floor_ms": floor, "bucket": self._bucket(inputs, shape),
                 "held_back": shape.held_back, "reps": n, "rounds": rounds,
+                **({"routed_from": self.routed_from[shape.name]}
+                   if shape.name in self.routed_from else {}),
                 "host_us": {}, "pad_us": self.pads.get(shape.name, 0.0),
                 "checked": {label: c.to_json() for label, c in checked.items()},
                 "cliffs": cliffs, "fresh_ratio": {},

@@ -28,6 +28,7 @@ def view(summary: dict, labels: dict, held_out: dict, seed: int | None, bar: flo
         rows.append({
             "shape": name, "held_out": name in held_out,
             "bucket": shape.get("bucket") or held_out.get(name),
+            "own_bucket": shape.get("routed_from"),   # where it ran as another (routed)
             "cutile_ms": round(mine["median_ms"], 5),
             "best_peer": labels.get(best, best),
             "best_peer_ms": round(timed[best], 5) if best else None,
@@ -54,7 +55,9 @@ def render(v: dict) -> list[str]:
              "| shape | held out | bucket | cuTile ms | best peer | peer ms | peer / cuTile "
              "| share of floor |", "|:--|:--|:--|--:|:--|--:|--:|--:|"]
     for r in v["shapes"]:
-        lines.append(f"| {r['shape']} | {'yes' if r['held_out'] else ''} | {r['bucket']} | "
+        bucket = (f"{r['bucket']} (its own: {r['own_bucket']})" if r.get("own_bucket")
+                  else r["bucket"])
+        lines.append(f"| {r['shape']} | {'yes' if r['held_out'] else ''} | {bucket} | "
                      f"{r['cutile_ms']:.4f} | {r['best_peer'] or '-'} | "
                      f"{_num(r['best_peer_ms'], '.4f')} | {_num(r['vs_best_peer'], '.3f')} | "
                      f"{_num(r['share_of_floor'], '.3f')} |")
