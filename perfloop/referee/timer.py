@@ -89,10 +89,10 @@ class Timer:
         self.launchers = self._start_launchers(spec["variants"], forked)
         self.buckets = {raw["name"]: raw.get("bucket") for raw in spec["shapes"]}
         self.runs_as: dict = {}  # shape -> the bucket it runs as (a hook's)
-        # held-back shape -> its own bucket, where it runs as another (the parent's, else the
-        # hook's): the record says both
-        self.routed_from = {raw["name"]: raw["routed_from"] for raw in spec["shapes"]
-                            if raw.get("routed_from")}
+        # held-back shape -> its own bucket, where it runs as another: the record says both.
+        # The parent names the workload's buckets; a hook's are found here (_bucket)
+        self.routed_from = {} if hasattr(self.contract, "bucket") else {
+            raw["name"]: raw["routed_from"] for raw in spec["shapes"] if raw.get("routed_from")}
         self.cliffed: dict = {}   # (label, shape) -> how many times slower its warm-up ran
         self.overhead: dict = {}  # (shape, slots checked) -> ms of an empty batch
         # shape -> us of sleep ahead of every batch there, one for all variants: a variant
@@ -478,7 +478,8 @@ class Timer:
     # ---- the whole run --------------------------------------------------------------------
     def time_pass(self, labels: list[str], seed: int, cliffs: bool = True,
                   held_back: bool = True) -> dict:
-        """Every variant of `labels` at every shape (`held_back` False: the benchmark's only)."""
+        """Every variant of `labels` at every shape (`held_back` False: the benchmark's only;
+        with spec "held_back" "if-gain", the held-back ones only where may_gain)."""
         settings = self.settings if cliffs else Measure(**{**vars(self.settings),
                                                            "cliff_ratio": None})
         shapes, gainless = {}, None
