@@ -173,6 +173,26 @@ RESTRICT = (
     "        return 'a tile over 4096 elements needs 2 CTAs'\n")
 
 
+def test_a_one_knob_step_proposes_by_what_runs_in_every_bucket(tmp_path):
+    # the step writes its value in the entries that set its knob too (set_everywhere): the
+    # plain value is a candidate where an entry differs, and restrict() is asked per bucket
+    (tmp_path / "kernel.py").write_text(RESTRICT)
+    space = knobspace.space_for(tmp_path)
+    tile = next(o for o in load(SHIPPED).optimizations if o.id == "tile_shape")
+    overrides = {"tile": ((1, 1024), (2, 4096), (8, 512))}
+    knobs = {"tile": (1, 1024), "num_ctas": 1,
+             "dispatch": {"small": {"tile": [2, 4096], "num_ctas": 2}, "big": {}}}
+    # 1x1024 moves the small bucket back; 2x4096 needs 2 CTAs, which the plain knobs lack
+    assert decide.candidates_for(tile, knobs, overrides, space) == ((1, 1024), (8, 512))
+    assert decide.candidates_for(tile, knobs, overrides) == ((1, 1024), (2, 4096), (8, 512))
+    plain = {"tile": (1, 1024), "num_ctas": 1}
+    assert decide.candidates_for(tile, plain, overrides) == ((2, 4096), (8, 512))
+    # an entry's tile is replaced, its num_ctas kept: 2x4096 runs with 1 CTA in the big one
+    knobs = {"tile": (1, 1024), "num_ctas": 2,
+             "dispatch": {"small": {}, "big": {"tile": [1, 512], "num_ctas": 1}}}
+    assert decide.candidates_for(tile, knobs, overrides, space) == ((1, 1024), (8, 512))
+
+
 def test_combinations_the_kernel_restricts_are_never_proposed(tmp_path):
     (tmp_path / "kernel.py").write_text(RESTRICT)
     space = knobspace.space_for(tmp_path)
@@ -1186,7 +1206,9 @@ def test_a_held_out_shape_in_an_unmeasured_bucket_counts_where_it_runs(scratch, 
     assert shapes["held:fp32:1500"]["bucket"] == "float32/n<=1024"
     assert shapes["held:fp32:3000"]["routed_from"] == "float32/n<=4096"   # its own, kept
     assert shapes["held:fp32:1500"]["routed_from"] == "float32/n<=2048"
-    assert "routed_from" not in shapes["head"]
+    # (the workload's own buckets, which the parent names, are not the hook's)
+    assert [n for n, sh in shapes.items() if "routed_from" in sh] == [
+        n for n in shapes if n.startswith("held:fp32:")]
     assert rec["status"] == status, out["experiment"]["reason"]
     knobs = json.loads((scratch.kernel / "knobs.json").read_text())
     if status == "revert":

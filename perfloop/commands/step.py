@@ -1,6 +1,6 @@
 import json
 
-from perfloop.core import knobspace
+from perfloop.core import dispatch_table, knobspace
 from perfloop.core.errors import UserError
 from perfloop.core.playbook import freeze, thaw
 from perfloop.core.vocab import Kind
@@ -83,8 +83,10 @@ def _playbook_proposal(s: Session, opt_id: str, value_text: str | None) -> Propo
     if value not in allowed:
         raise UserError(f"value {value_text} is not a candidate of '{opt.id}' (candidates: "
                         f"{', '.join(json.dumps(thaw(v)) for v in allowed)})")
-    changed = {**knobs, **value} if opt.knobs else {**knobs, opt.knob: value}
-    if all(changed[k] == knobs[k] for k in opt.moves):
+    changed = ({**knobs, **value} if opt.knobs
+               else dispatch_table.set_everywhere(knobs, opt.knob, value))
+    if (all(changed[k] == knobs[k] for k in opt.moves)
+            and dispatch_table.table(changed) == dispatch_table.table(knobs)):
         raise UserError(f"the incumbent already has {what}={value_text}")
     why = space.why_not(changed)
     if why:

@@ -53,6 +53,13 @@ class Space:
                               dispatch.knobs_for(changed, bucket or ""))
                 and self.why_not(changed) is None)
 
+    def moves_anywhere(self, knobs: dict, changed: dict) -> bool:
+        """Whether `changed` builds another kernel than `knobs` in some bucket (the plain
+        knobs' included): a one-knob step also writes its value in the entries that set the
+        knob (perfloop.core.dispatch_table.set_everywhere)."""
+        return any(not self.same(dispatch.knobs_for(knobs, b), dispatch.knobs_for(changed, b))
+                   for b in ("", *dispatch.table(changed)))
+
 
 _loaded: dict[str, Space] = {}
 

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from perfloop.core import vocab
+from perfloop.core import dispatch_table, vocab
 from perfloop.core.playbook import Classes, DecisionRules, Optimization, StopRules
 from perfloop.core.stats import Comparison, compare
 from perfloop.core.vocab import Correctness, Status, StopReason
@@ -175,16 +175,26 @@ class Suggestion:
 
 
 def candidates_for(opt: Optimization, knobs: dict, overrides: dict, space=None) -> tuple:
-    """The values an iteration of `opt` would measure: every candidate but the current one,
-    and, by the kernel's knob space (perfloop.core.knobspace.Space), but those that build the same
-    kernel or that its restrict() rules out."""
+    """The values an iteration of `opt` would measure: every candidate but those that build
+    the incumbent's kernel in every bucket (a one-knob step runs its value in the dispatch
+    entries that set its knob too: dispatch_table.set_everywhere), and, by the kernel's knob
+    space (perfloop.core.knobspace.Space), but those that build the same kernel or that its
+    restrict() rules out in some bucket."""
     values = overrides.get(opt.key, opt.values)
     if opt.knobs:  # patches: one that changes nothing is no candidate
         return tuple(v for v in values if any(knobs.get(k) != x for k, x in v.items())
                      and not (space and not space.worth(knobs, {**knobs, **v})))
-    current = knobs.get(opt.knob)
-    return tuple(v for v in values if v != current
-                 and not (space and not space.worth(knobs, {**knobs, opt.knob: v})))
+    out = []
+    for v in values:
+        changed = dispatch_table.set_everywhere(knobs, opt.knob, v)
+        if space is None:
+            moved = any(dispatch_table.knobs_for(knobs, b) != dispatch_table.knobs_for(changed, b)
+                        for b in ("", *dispatch_table.table(changed)))
+        else:
+            moved = space.moves_anywhere(knobs, changed) and space.why_not(changed) is None
+        if moved:
+            out.append(v)
+    return tuple(out)
 
 
 def rank(optimizations: tuple[Optimization, ...], kernel_class: str, knobs: dict,

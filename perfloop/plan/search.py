@@ -157,8 +157,8 @@ def _measured(recs: list[dict], shape: str) -> dict[str, dict]:
             continue
         ratios = {freeze(entry.get(record["knob"], record["incumbent_value"])): 1.0}
         for label, value in record["timing"]["labels"].items():
-            if label in timed["vs_incumbent"]:
-                ratios[freeze(value)] = timed["vs_incumbent"][label]["ratio"]
+            if label in timed["vs_incumbent"]:   # (the value in force there stays at 1.0)
+                ratios.setdefault(freeze(value), timed["vs_incumbent"][label]["ratio"])
         out[record["knob"]] = ratios
     return out
 
