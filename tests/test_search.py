@@ -1153,6 +1153,10 @@ def test_a_dispatch_times_the_shapes_drawn_from_a_declared_workload(scratch):
     assert rec["status"] == "keep", out["experiment"]["reason"]
     assert set(rec["timing"]["shapes"]) == {"head", "tail", "held:head", "held:tail",
                                             "held:fp32:1500", "held:fp32:3000"}
+    # the hook runs 1500 and 3000 in its measured "big" bucket: routed from nowhere (the
+    # workload's buckets of them, which no benchmark shape falls in, are not the hook's)
+    assert rec["timing"]["shapes"]["held:fp32:1500"]["bucket"] == "big"
+    assert not any("routed_from" in sh for sh in rec["timing"]["shapes"].values())
 
 
 @pytest.mark.parametrize("held_3000, status", [(0.8, "keep"), (1.3, "revert")])
