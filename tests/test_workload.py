@@ -264,14 +264,20 @@ def test_a_knob_that_wins_on_one_bucket_and_loses_on_another_is_kept_where_it_wi
     assert 0.97 < speedups["guard"] < 1.03
 
 
-def test_candidates_are_chosen_at_the_benchmark_and_the_chosen_one_timed_held_out(scratch):
-    # a declared workload: every step times held-out shapes, but only the chosen candidate's
+def _init_with_workload(scratch, tile_factor: float) -> None:
+    """A declared workload of 200-1100 values, tile 1x2048 scripted at `tile_factor` of the
+    time at every shape, and `perfloop init`."""
     with open(scratch.kernel / "kernel.toml", "a") as f:
         f.write('\n[workload]\ndims = ["n"]\nn = { min = 200, max = 1100 }\n'
                 'dtypes = ["float32"]\nheld_out = 2\n')
-    scratch.script([{"when": {"tile": [1, 2048]}, "factor": {"*": 0.9}}])
+    scratch.script([{"when": {"tile": [1, 2048]}, "factor": {"*": tile_factor}}])
     scratch.commit_all("a workload")
     assert scratch.cli("init", "--kernel", "scripted")[0] == 0
+
+
+def test_candidates_are_chosen_at_the_benchmark_and_the_chosen_one_timed_held_out(scratch):
+    # a declared workload: every step times held-out shapes, but only the chosen candidate's
+    _init_with_workload(scratch, 0.9)
     code, out, err = scratch.cli("step", "--kernel", "scripted", "--opt", "tile_shape")
     assert code == 0 and out["experiment"]["status"] == "keep", (out, err)
     timing = scratch.records()[-1]["timing"]
@@ -287,12 +293,7 @@ def test_candidates_are_chosen_at_the_benchmark_and_the_chosen_one_timed_held_ou
 def test_a_candidate_faster_nowhere_is_not_timed_at_the_held_out_shapes(scratch):
     # the held-out shapes only guard a keep: a candidate slower at every benchmark shape is
     # reverted without them (a run's reverts cost the benchmark's shapes only)
-    with open(scratch.kernel / "kernel.toml", "a") as f:
-        f.write('\n[workload]\ndims = ["n"]\nn = { min = 200, max = 1100 }\n'
-                'dtypes = ["float32"]\nheld_out = 2\n')
-    scratch.script([{"when": {"tile": [1, 2048]}, "factor": {"*": 1.3}}])
-    scratch.commit_all("a workload")
-    assert scratch.cli("init", "--kernel", "scripted")[0] == 0
+    _init_with_workload(scratch, 1.3)
     code, out, err = scratch.cli("step", "--kernel", "scripted", "--opt", "tile_shape",
                                  "--value", "[1, 2048]")
     assert code == 0 and out["experiment"]["status"] == "revert", (out, err)

@@ -6,6 +6,8 @@ bucket in the table."""
 
 from __future__ import annotations
 
+import operator
+
 from perfloop.core.values import freeze, thaw
 
 KEY = "dispatch"
@@ -46,6 +48,13 @@ def complete(table: dict, measured) -> dict:
     if not table:
         return table
     return merged(table, {b: {} for b in measured if b not in table})
+
+
+def moves_anywhere(knobs: dict, changed: dict, same=operator.eq) -> bool:
+    """Whether `changed` runs other knobs than `knobs` in some bucket of its table (the plain
+    knobs' included), by `same` (a kernel's canonical equality: perfloop.core.knobspace)."""
+    return any(not same(knobs_for(knobs, b), knobs_for(changed, b))
+               for b in ("", *table(changed)))
 
 
 def set_everywhere(knobs: dict, knob: str, value) -> dict:

@@ -57,8 +57,7 @@ class Space:
         """Whether `changed` builds another kernel than `knobs` in some bucket (the plain
         knobs' included): a one-knob step also writes its value in the entries that set the
         knob (perfloop.core.dispatch_table.set_everywhere)."""
-        return any(not self.same(dispatch.knobs_for(knobs, b), dispatch.knobs_for(changed, b))
-                   for b in ("", *dispatch.table(changed)))
+        return dispatch.moves_anywhere(knobs, changed, self.same)
 
 
 _loaded: dict[str, Space] = {}

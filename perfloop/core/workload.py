@@ -10,8 +10,8 @@ Two things follow from it, both pure functions of the workload:
     the two agree, so the loop decides per bucket what every launch then runs.
 
 A bucket that no benchmark shape falls in is routed to the nearest one that does (nearest):
-same element size first, then the smallest distance in powers of two, then the same dtype. docs/workload.md documents the
-syntax for kernel authors.
+same element size first, then the smallest distance in powers of two, then the same dtype.
+docs/workload.md documents the syntax for kernel authors.
 """
 
 from __future__ import annotations

@@ -188,11 +188,10 @@ def candidates_for(opt: Optimization, knobs: dict, overrides: dict, space=None) 
     for v in values:
         changed = dispatch_table.set_everywhere(knobs, opt.knob, v)
         if space is None:
-            moved = any(dispatch_table.knobs_for(knobs, b) != dispatch_table.knobs_for(changed, b)
-                        for b in ("", *dispatch_table.table(changed)))
+            fits = dispatch_table.moves_anywhere(knobs, changed)
         else:
-            moved = space.moves_anywhere(knobs, changed) and space.why_not(changed) is None
-        if moved:
+            fits = space.moves_anywhere(knobs, changed) and space.why_not(changed) is None
+        if fits:
             out.append(v)
     return tuple(out)
 
