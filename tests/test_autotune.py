@@ -201,3 +201,15 @@ def test_spaces_per_class_and_architecture():
     big = {"space": {"memory-bound": {"occupancy": list(range(1, 33))}}, "arch": {}}
     with pytest.raises(AutotuneError, match="limit is 30"):
         space_for("memory-bound", (9, 0), big)
+
+
+def test_a_cache_that_cannot_be_written_says_so_and_the_launch_goes_on(tmp_path):
+    """A confined child may not write the cache PERFLOOP_AUTOTUNE_CACHE names: the winner is
+    then kept for the process, never a crash of the launch."""
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    cache = DiskCache(blocked)      # a file where the directory should be
+    ident = {"kernel": "k", "key": "x", "space": ["a"]}
+    with pytest.warns(UserWarning, match="cannot be written"):
+        cache.put(ident, "a", {})
+    assert cache.get(ident) is None

@@ -22,6 +22,7 @@ import itertools
 import json
 import os
 import time
+import warnings
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -109,15 +110,22 @@ class DiskCache:
         path = self.path(ident)
         try:
             entry = json.loads(path.read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
+        except (OSError, json.JSONDecodeError):   # absent, or not readable here
             return None
         if entry.get("identity") != json.loads(json.dumps(ident, default=str)):
             return None
         return entry["config"] if entry["config"] in ident["space"] else None
 
     def put(self, ident: dict, config: dict, detail: dict) -> None:
-        write_json(self.path(ident), {"identity": ident, "config": config, **detail,
-                                      "written_at": time.time()})
+        """Keep the winner on disk; where the directory cannot be written (a confined child,
+        a read-only home) it is said once and the winner holds for this process only."""
+        try:
+            write_json(self.path(ident), {"identity": ident, "config": config, **detail,
+                                          "written_at": time.time()})
+        except OSError as e:
+            warnings.warn(f"perfloop: the tuning cache {self.directory} cannot be written "
+                          f"({e.strerror or e}); the choice holds for this process only",
+                          stacklevel=2)
 
 
 _memory: dict = {}  # (name, source hash, key) -> (config, kernel object); shared by tuners
