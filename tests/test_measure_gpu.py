@@ -148,3 +148,32 @@ def test_the_flush_adds_nothing_to_a_read_only_kernel_larger_than_l2():
     results = {name: statistics.median(v) for name, v in rounds.items()}
     print(f"read of {x.numel() * 2 / 1e6:.0f} MB: {results}")
     assert results["flushed"] == pytest.approx(results["not flushed"], rel=0.02)
+
+
+def test_tune_once_chooses_by_device_time_not_by_host_time(tmp_path):
+    """A launch whose host side is slow but whose kernel is short beats one whose kernel runs
+    50 us: events around a lone launch read the host's 300 us into the first and chose the
+    second (on an H200, RMSNorm's tuning chose the slower finalist at every held-out shape)."""
+    import torch
+
+    from perfloop.core import tuneonce
+
+    clock = measure.CudaClock()
+    x = torch.ones(1 << 16, device="cuda")
+    out = torch.empty_like(x)
+
+    def host_slow(inputs, o):
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 300e-6:
+            pass
+        torch.add(inputs[0], 1, out=o)
+
+    def device_slow(inputs, o):
+        torch.cuda._sleep(int(50 * clock.cycles_per_us))
+        torch.add(inputs[0], 1, out=o)
+
+    ident = {"kernel": "tuneonce-test", "key": "k", "space": ["host-slow", "device-slow"]}
+    best, how = tuneonce.choose("k", {"host-slow": host_slow, "device-slow": device_slow},
+                                (x,), out, (), ident, cache=tuneonce.DiskCache(tmp_path))
+    assert (best, how) == ("host-slow", "tuned once among 2 finalists")
+    assert torch.equal(out, x + 1)
