@@ -196,6 +196,7 @@ def start_timing(variants: list[dict], shapes: list[dict], rules: Rules, *, cont
               "contract_folder": str(contract), "root": str(cwd),
               "reply_timeout_s": rules.stall_timeout_s / 2,
               "regression_tolerance": rules.decision.regression_tolerance,
+              "min_gain": rules.decision.min_gain,
               "tolerance": tolerance, "headline": headline, "ceilings_cache": str(ceilings_cache),
               "confinement": {"mode": confinement.mode, "reads": list(confinement.reads)},
               "cache": str(cache or work / "cache"),

@@ -489,7 +489,8 @@ class Timer:
                 continue
             if shape.held_back and self.spec.get("held_back") == "if-gain":
                 if gainless is None:  # (the benchmark's shapes come first)
-                    gainless = not may_gain(shapes, self._candidates(labels))
+                    gainless = not may_gain(shapes, self._candidates(labels),
+                                            self.spec.get("min_gain", 0.0))
                 if gainless:
                     self.held_back_skipped = True
                     continue
@@ -543,7 +544,8 @@ class Timer:
                 "selection": "best candidate re-timed in fresh rounds" if passes > 1
                 else "single pass",
                 **({"held_back": "not timed: no candidate was faster than the incumbent at "
-                                 "any benchmark shape, so none could be kept"}
+                                 "any benchmark shape by a gain the rules count (min_gain), so "
+                                 "none could be kept"}
                    if self.held_back_skipped else {})}
 
     def close(self) -> None:
@@ -552,10 +554,11 @@ class Timer:
         spawn.kill_descendants(spare=self._own)  # torch's manager may serve a process after us
 
 
-def may_gain(shapes: dict, candidates: list[str]) -> bool:
+def may_gain(shapes: dict, candidates: list[str], min_gain: float = 0.0) -> bool:
     """Whether some candidate's per-round ratio to the incumbent has its 95% interval below 1
-    at some shape timed so far: a keep needs that at a benchmark shape (perfloop.plan.decide
-    real_gain), so without it the held-back shapes, which only guard a keep, are not timed."""
+    and a gain above `min_gain` (the rules' smallest gain counted) at some shape timed so far:
+    a keep needs that at a benchmark shape (perfloop.plan.decide real_gain), so without it the
+    held-back shapes, which only guard a keep, are not timed."""
     for shape in shapes.values():
         rounds = shape["rounds"]
         if INCUMBENT not in rounds:
@@ -565,7 +568,8 @@ def may_gain(shapes: dict, candidates: list[str]) -> bool:
             if label not in rounds or len(rounds[label]) != len(base):
                 continue
             ratio = stats.compare(base, [statistics.median(r) for r in rounds[label]])
-            if ratio.ci_high < 1.0:   # (NaN compares False: a lost batch proves nothing)
+            # (NaN compares False: a lost batch proves nothing)
+            if ratio.ci_high < 1.0 and ratio.gain > min_gain:
                 return True
     return False
 
