@@ -437,3 +437,18 @@ def test_a_launcher_runs_each_buckets_knobs_though_the_kernels_build_ignores_the
     for rows, cols in ((256, 1024), (64, 1000), (200, 700)):
         launch((torch.empty(rows, cols),), seen)
     assert seen == [True, False, True]   # 200 x 700 falls in the head's bucket
+
+
+def test_a_tuned_held_out_shape_is_timed_whichever_buckets_entry_changes():
+    # a launch in an unmeasured bucket runs whichever finalist was fastest: a change of any
+    # measured bucket's entry may change its time, so dispatch experiments always time it
+    from types import SimpleNamespace
+
+    from perfloop.run.experiment import _tuned
+
+    held = Shape("held", (300, 8192), "bfloat16")    # no benchmark shape in its bucket
+    for unseen, expected in (("tune", ["held"]), ("nearest", [])):
+        wl = parse(NORMS + f'unseen = "{unseen}"\n')
+        trial = SimpleNamespace(s=SimpleNamespace(spec=SimpleNamespace(workload=wl)),
+                                timed_shapes=W.with_buckets(BENCH + (held,), wl))
+        assert _tuned(trial) == expected

@@ -251,7 +251,7 @@ def _start_timer(t: Trial, env: dict):
         contract=t.contract_dir, tolerance=s.spec.tolerance, headline=t.choosing.name,
         ceilings_cache=s.ceilings_cache, work=t.work, cwd=s.root, env=env,
         confinement=s.confinement(), cache=s.sandbox / "cache",
-        only_buckets=_touched_buckets(t), always=[s.spec.headline.name],
+        only_buckets=_touched_buckets(t), always=[s.spec.headline.name, *_tuned(t)],
         checked=[INCUMBENT] if t.kind == Kind.BASELINE else None, ahead=waiting,
         held_back_if_gain=True)
 
@@ -303,6 +303,16 @@ def _time(t: Trial, timer, labels: list[str]) -> None:
     best = timing.raw.get("best") if t.kind != Kind.BASELINE else INCUMBENT
     if best is not None and t.outcome.get(best, (Outcome.OK,))[0] == Outcome.OK:
         t.best = best
+
+
+def _tuned(t: Trial) -> list[str]:
+    """Held-out shapes in buckets no benchmark shape measured, where the workload says unseen =
+    "tune": a launch there runs whichever finalist (any measured bucket's knobs) was fastest,
+    so a change of any bucket's entry may change its time, whatever bucket it counts in."""
+    wl = t.s.spec.workload
+    if wl is None or wl.unseen != "tune":
+        return []
+    return [shape["name"] for shape in t.timed_shapes if shape.get("routed_from")]
 
 
 def _touched_buckets(t: Trial) -> list[str] | None:
