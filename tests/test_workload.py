@@ -206,6 +206,25 @@ def test_a_derived_held_back_shape_stays_in_its_shapes_power_of_two_class():
     for rows in (9, 64, 100, 256, 1000, 1024, 3000, 16384):
         held = derived_held_back(Shape("s", (rows, 512), "float32")).dims[0]
         assert held != rows and W.pow2(held) == W.pow2(rows), rows
+    # a small batch of rows folds to batch x rows: RMSNorm's 2 x 2048 x 5000 became 4 x 2048
+    # x 5000, 8192 rows, and left the fp32 bucket with no held-back shape of its own
+    for batch, rows in ((2, 2048), (3, 1000), (8, 5), (1, 64), (2, 3)):
+        held = derived_held_back(Shape("s", (batch, rows, 5000), "float32")).dims
+        assert held[0] == batch and held[1] != rows and held[2] == 5000
+        assert W.pow2(held[0] * held[1]) == W.pow2(batch * rows), (batch, rows, held)
+
+
+@pytest.mark.parametrize("kernel", ["rmsnorm", "softmax", "matmul", "swiglu"])
+def test_every_measured_bucket_has_a_held_back_shape_of_its_own(kernel):
+    # with unseen = "tune" a held-back shape routed from an unmeasured bucket runs whichever
+    # finalist wins: only one in the bucket is sure to run the bucket's entry
+    from perfloop.core.manifest import load_spec
+
+    folder = Path(__file__).resolve().parents[1] / "kernels" / kernel
+    spec = load_spec(folder, folder.parents[1])
+    own = {t["bucket"] for t in W.with_buckets(spec.held_back, spec.workload)
+           if "routed_from" not in t}
+    assert set(spec.workload.measured()) <= own
 
 @pytest.mark.parametrize("kernel", ["rmsnorm", "softmax", "matmul", "swiglu"])
 @pytest.mark.parametrize("seed", [0, 11, 12345])

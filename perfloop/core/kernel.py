@@ -51,13 +51,31 @@ def derived_held_back(shape: Shape) -> Shape:
     """A shape the loop never tunes on, in `shape`'s bucket (by the row width, or by the power
     of two of the rows, as a workload derived from the benchmark keys it): half as many rows
     again plus one (so no row tile divides it), or where that leaves the rows' power-of-two
-    class, a quarter fewer plus one."""
-    n = shape.dims[0]
-    rows = n + n // 2 + 1
-    if rows > 1 << max(n - 1, 0).bit_length() and n > 8:  # (fewer: it could be n itself)
-        rows = n - n // 4 + 1
-    return replace(shape, name=f"held:{shape.name}", dims=(rows, *shape.dims[1:]),
+    class, a quarter fewer plus one. A small batch of rows (2 x 2048 x 5000) keeps its batch
+    and changes its rows, within their class and the class of batch x rows, which is what a
+    workload folds it to: doubling the batch doubles the rows."""
+    dims = list(shape.dims)
+    if len(dims) >= 3 and dims[0] <= 8:
+        n, batch = dims[1], dims[0]
+        for rows in (n + n // 2 + 1, n - n // 4 + 1, n + 1, n - 1):
+            if rows > 0 and rows != n and _pow2(rows) == _pow2(n) \
+                    and _pow2(rows * batch) == _pow2(n * batch):
+                dims[1] = rows
+                break
+        else:
+            dims[1] = n + n // 2 + 1
+    else:
+        n = dims[0]
+        rows = n + n // 2 + 1
+        if rows > _pow2(n) and n > 8:  # (fewer: it could be n itself)
+            rows = n - n // 4 + 1
+        dims[0] = rows
+    return replace(shape, name=f"held:{shape.name}", dims=tuple(dims),
                    headline=False, held_back=True)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
 
 
 @dataclass(frozen=True)
