@@ -118,13 +118,13 @@ class DiskCache:
 
     def put(self, ident: dict, config: dict, detail: dict) -> None:
         """Keep the winner on disk; where the directory cannot be written (a confined child,
-        a read-only home) it is said once and the winner holds for this process only."""
+        a read-only home) it is said, and the winner holds only where the caller keeps it."""
         try:
             write_json(self.path(ident), {"identity": ident, "config": config, **detail,
                                           "written_at": time.time()})
         except OSError as e:
             warnings.warn(f"perfloop: the tuning cache {self.directory} cannot be written "
-                          f"({e.strerror or e}); the choice holds for this process only",
+                          f"({e.strerror or e}); the choice is not kept for later processes",
                           stacklevel=2)
 
 

@@ -478,12 +478,15 @@ def with_buckets(shapes, wl: Workload) -> list[dict]:
     """Shape dicts for the timer, each with the bucket whose knobs it runs: its own, or, for a
     shape in a bucket no benchmark shape fell in (a held-out one), the nearest measured bucket,
     as a launch routes it (perfloop.core.dispatch), with its own as "routed_from". Decisions
-    about a bucket so count the held-out shapes that run as it."""
+    about a bucket so count the held-out shapes that run as it. With unseen = "tune" such a
+    launch runs whichever measured bucket's knobs were fastest there: "tuned" says so, and
+    the bucket it counts in is only the nearest."""
     measured, out = wl.measured(), []
     for s in shapes:
         own = shape_bucket(wl, s)
         runs = nearest(own, measured) or own   # (None: nothing measured)
-        out.append({**s.as_dict(), "bucket": runs, **({"routed_from": own} if runs != own else {})})
+        routed = {"routed_from": own, **({"tuned": True} if wl.unseen == "tune" else {})}
+        out.append({**s.as_dict(), "bucket": runs, **(routed if runs != own else {})})
     return out
 
 

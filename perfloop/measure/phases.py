@@ -384,6 +384,7 @@ def summarize_pass(timed_pass: dict, incumbent: str = INCUMBENT, control: str = 
                         "bucket": shape.get("bucket"), "held_back": shape.get("held_back", False),
                         **({"routed_from": shape["routed_from"]}
                            if shape.get("routed_from") else {}),
+                        **({"tuned": True} if shape.get("tuned") else {}),
                         "floor_ms": shape.get("floor_ms"), "reps_per_round": shape["reps"],
                         "pad_us": shape.get("pad_us"), "noise": noise, "variants": per_variant,
                         "vs_incumbent": comparisons}

@@ -296,6 +296,8 @@ def dispatch_focus(summary: dict, changed: list[str], headline: str, label: str)
 
 
 def ungeneralized(summary: dict, changed: list[str]) -> tuple[str, ...]:
-    """Changed buckets in which no held-back shape was timed."""
-    held = {sh.get("bucket") for sh in summary.values() if sh.get("held_back")}
+    """Changed buckets in which no held-back shape was timed (a tuned one, which may run any
+    bucket's knobs, checks none)."""
+    held = {sh.get("bucket") for sh in summary.values()
+            if sh.get("held_back") and not sh.get("tuned")}
     return tuple(b for b in changed if b not in held)

@@ -80,6 +80,10 @@ def timed(summary: dict, best: str, headline: str, rules: DecisionRules,
     whole = _decide(summary, best, headline, rules, changed, several)
     if whole.status != Status.REVERT or whole.correctness != Correctness.PASS:
         return whole
+    if any(sh.get("tuned") and decide.regression(Comparison(**sh["vs_incumbent"][best]),
+                                                  rules.regression_tolerance)
+           for sh in summary.values()):
+        return whole   # (a tuned shape may run any bucket's knobs: no one bucket to drop)
     dropped = losing_buckets(summary, best, changed, rules)
     kept = [b for b in changed if b not in dropped]
     if not dropped or not kept or below_floor(summary, best, rules.floor_tolerance):

@@ -93,6 +93,9 @@ class Timer:
         # The parent names the workload's buckets; a hook's are found here (_bucket)
         self.routed_from = {} if hasattr(self.contract, "bucket") else {
             raw["name"]: raw["routed_from"] for raw in spec["shapes"] if raw.get("routed_from")}
+        # ... and those whose launch tunes once among the finalists (a hook never tunes)
+        self.tuned = set() if hasattr(self.contract, "bucket") else {
+            raw["name"] for raw in spec["shapes"] if raw.get("tuned")}
         self.cliffed: dict = {}   # (label, shape) -> how many times slower its warm-up ran
         self.overhead: dict = {}  # (shape, slots checked) -> ms of an empty batch
         # shape -> us of sleep ahead of every batch there, one for all variants: a variant
@@ -470,6 +473,7 @@ class Timer:
                 "held_back": shape.held_back, "reps": n, "rounds": rounds,
                 **({"routed_from": self.routed_from[shape.name]}
                    if shape.name in self.routed_from else {}),
+                **({"tuned": True} if shape.name in self.tuned else {}),
                 "host_us": {}, "pad_us": self.pads.get(shape.name, 0.0),
                 "checked": {label: c.to_json() for label, c in checked.items()},
                 "cliffs": cliffs, "fresh_ratio": {},

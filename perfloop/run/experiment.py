@@ -309,10 +309,7 @@ def _tuned(t: Trial) -> list[str]:
     """Held-out shapes in buckets no benchmark shape measured, where the workload says unseen =
     "tune": a launch there runs whichever finalist (any measured bucket's knobs) was fastest,
     so a change of any bucket's entry may change its time, whatever bucket it counts in."""
-    wl = t.s.spec.workload
-    if wl is None or wl.unseen != "tune":
-        return []
-    return [shape["name"] for shape in t.timed_shapes if shape.get("routed_from")]
+    return [shape["name"] for shape in t.timed_shapes if shape.get("tuned")]
 
 
 def _touched_buckets(t: Trial) -> list[str] | None:
