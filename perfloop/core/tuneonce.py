@@ -49,14 +49,19 @@ def _timer(clock_class, inputs) -> Callable[[Callable[[], object]], float]:
         # Device time as the timer takes it (L2 evicted, the host's launch hidden behind a
         # sleep): events around one lone launch also hold its host time, which for a launch
         # of a few microseconds is most of the reading and chose the slower finalist on an H200
-        clock = CudaClock(next(x for x in inputs if hasattr(x, "device")).device)
+        import torch
+
+        device = next(x for x in inputs if hasattr(x, "device")).device
+        with torch.cuda.device(device):   # (its sleep and synchronize: the inputs' GPU)
+            clock = CudaClock(device)
 
         def cuda(fn) -> float:
-            clock.pad_us = pad_for(host_us(fn, 3))
-            times = clock.time_batch(fn, GPU_REPS)
-            if clock.host_bound:   # the host outran the pad: once more, with a longer one
-                clock.pad_us *= 4
+            with torch.cuda.device(device):
+                clock.pad_us = pad_for(host_us(fn, 3))
                 times = clock.time_batch(fn, GPU_REPS)
+                if clock.host_bound:   # the host outran the pad: once more, with a longer one
+                    clock.pad_us *= 4
+                    times = clock.time_batch(fn, GPU_REPS)
             return statistics.median(times)
         return cuda
 
