@@ -212,6 +212,16 @@ def test_a_derived_held_back_shape_stays_in_its_shapes_power_of_two_class():
         held = derived_held_back(Shape("s", (batch, rows, 5000), "float32")).dims
         assert held[0] == batch and held[1] != rows and held[2] == 5000
         assert W.pow2(held[0] * held[1]) == W.pow2(batch * rows), (batch, rows, held)
+    # a larger batch is changed, but batch x rows stays in its class (9 x 3000 became 14 x
+    # 3000, 42000 rows: out of 27000's class)
+    for dims in ((9, 3000, 5000), (12, 1500, 5000), (100, 7, 64)):
+        held = derived_held_back(Shape("s", dims, "float32")).dims
+        assert held != dims and W.pow2(held[0] * held[1]) == W.pow2(dims[0] * dims[1]), held
+    # with a workload, its bucket is what must not change
+    wl = parse(NORMS)
+    for s in BENCH:
+        assert W.shape_bucket(wl, derived_held_back(s, lambda h: W.shape_bucket(wl, h))) == \
+            W.shape_bucket(wl, s)
 
 
 @pytest.mark.parametrize("kernel", ["rmsnorm", "softmax", "matmul", "swiglu"])
@@ -403,6 +413,11 @@ def test_the_workload_view_compares_cutile_with_its_best_peer_at_every_shape():
     text = "\n".join(workload_view.render(v))
     assert "held:bf16:50x8192" in text and "below 0.90 of the best peer: held:bf16:50x8192" in text
     assert "| bf16/n4096 (its own: bf16/n8192) |" in text
+    # a tuned shape ran whichever finalist won: the view does not say it ran the nearest's
+    summary["held:bf16:50x8192"]["tuned"] = True
+    tuned = workload_view.view(summary, labels, {}, 7)
+    assert "| tuned once, nearest bf16/n4096 (its own: bf16/n8192) |" in \
+        "\n".join(workload_view.render(tuned))
 
 
 def test_bench_draws_held_out_shapes_only_from_a_declared_workload(tmp_path):

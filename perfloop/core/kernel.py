@@ -34,6 +34,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import math
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -47,31 +48,38 @@ MANIFEST, KNOBS, MODULE = "kernel.toml", "knobs.json", "kernel.py"
 TOLERANCE_KEYS = ("rtol", "atol", "max_rel_err")
 
 
-def derived_held_back(shape: Shape) -> Shape:
-    """A shape the loop never tunes on, in `shape`'s bucket (by the row width, or by the power
-    of two of the rows, as a workload derived from the benchmark keys it): half as many rows
-    again plus one (so no row tile divides it), or where that leaves the rows' power-of-two
-    class, a quarter fewer plus one. A small batch of rows (2 x 2048 x 5000) keeps its batch
-    and changes its rows, within their class and the class of batch x rows, which is what a
-    workload folds it to: doubling the batch doubles the rows."""
-    dims = list(shape.dims)
+def derived_held_back(shape: Shape, bucket_of=None) -> Shape:
+    """A shape the loop never tunes on, in `shape`'s bucket (`bucket_of(shape)`: the
+    workload's; by the row width, or by the power of two of the rows, as a workload derived
+    from the benchmark keys it): half as many rows again plus one (so no row tile divides it),
+    or where that leaves the bucket, a quarter fewer plus one, or one more or fewer. Rows are
+    the first dimension, or the second behind a small batch (2 x 2048 x 5000: a workload folds
+    it to batch x rows, so doubling the batch doubles the rows); another leading dimension is
+    changed where those cannot be, and each change keeps its dimension's power-of-two class
+    and that of the leading dimensions' product."""
+    dims = shape.dims
+    lead = list(range(max(len(dims) - 1, 1)))
     if len(dims) >= 3 and dims[0] <= 8:
-        n, batch = dims[1], dims[0]
+        lead.remove(1)
+        lead.insert(0, 1)
+    for i in lead:
+        n, rest = dims[i], math.prod(dims[:-1] or dims) // max(dims[i], 1)
         for rows in (n + n // 2 + 1, n - n // 4 + 1, n + 1, n - 1):
+            held = _held(shape, dims[:i] + (rows,) + dims[i + 1:])
             if rows > 0 and rows != n and _pow2(rows) == _pow2(n) \
-                    and _pow2(rows * batch) == _pow2(n * batch):
-                dims[1] = rows
-                break
-        else:
-            dims[1] = n + n // 2 + 1
-    else:
-        n = dims[0]
-        rows = n + n // 2 + 1
-        if rows > _pow2(n) and n > 8:  # (fewer: it could be n itself)
-            rows = n - n // 4 + 1
-        dims[0] = rows
-    return replace(shape, name=f"held:{shape.name}", dims=tuple(dims),
-                   headline=False, held_back=True)
+                    and _pow2(rows * rest) == _pow2(n * rest) \
+                    and (bucket_of is None or bucket_of(held) == bucket_of(shape)):
+                return held
+    n = dims[0]   # (no change keeps the bucket: the first dimension, as before)
+    rows = n + n // 2 + 1
+    if rows > _pow2(n) and n > 8:
+        rows = n - n // 4 + 1
+    return _held(shape, (rows, *dims[1:]))
+
+
+def _held(shape: Shape, dims: tuple) -> Shape:
+    return replace(shape, name=f"held:{shape.name}", dims=tuple(dims), headline=False,
+                   held_back=True)
 
 
 def _pow2(n: int) -> int:

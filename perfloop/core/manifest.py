@@ -45,7 +45,7 @@ def load_spec(folder: Path, repo_root: Path, text: str | None = None) -> KernelS
         name, judge_rel = _identity(manifest, folder)
         shapes = _shapes(manifest)
         family = _workload(manifest, shapes)
-        held_back = _held_back(manifest, shapes)
+        held_back = _held_back(manifest, shapes, family)
         _check_shapes(shapes, held_back)
         judge = _judge(repo_root, judge_rel, folder)
         spec = KernelSpec(name, folder, judge, shapes, _candidates(manifest, folder),
@@ -118,13 +118,14 @@ def _workload(manifest: dict, shapes: tuple) -> workload.Workload:
         raise _Bad(str(exc)) from None
 
 
-def _held_back(manifest: dict, shapes: tuple) -> tuple[Shape, ...]:
+def _held_back(manifest: dict, shapes: tuple, family: workload.Workload) -> tuple[Shape, ...]:
     """[[held_back]]; without it, one derived per benchmark shape, in its bucket. Also where a
     workload is declared: its drawn held-out shapes (perfloop.core.workload.held_out) may all
     run as one bucket, and a bucket no held-back shape checks can keep nothing."""
     held = manifest.get("held_back")
     if held is None:
-        return tuple(derived_held_back(s) for s in shapes)
+        return tuple(derived_held_back(s, lambda h: workload.shape_bucket(family, h))
+                     for s in shapes)
     out = _shape_list(held, True, "each [[held_back]] shape needs name, dims and dtype")
     for s in out:
         _check_shape(s)

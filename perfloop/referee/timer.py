@@ -93,9 +93,10 @@ class Timer:
         # The parent names the workload's buckets; a hook's are found here (_bucket)
         self.routed_from = {} if hasattr(self.contract, "bucket") else {
             raw["name"]: raw["routed_from"] for raw in spec["shapes"] if raw.get("routed_from")}
-        # ... and those whose launch tunes once among the finalists (a hook never tunes)
-        self.tuned = set() if hasattr(self.contract, "bucket") else {
-            raw["name"] for raw in spec["shapes"] if raw.get("tuned")}
+        # ... and those whose launch tunes once among the finalists (perfloop.core.dispatch:
+        # never with a hook, nor for a kernel that writes its inputs)
+        tunes = not hasattr(self.contract, "bucket") and not getattr(self.contract, "INPLACE", ())
+        self.tuned = {raw["name"] for raw in spec["shapes"] if raw.get("tuned")} if tunes else set()
         self.cliffed: dict = {}   # (label, shape) -> how many times slower its warm-up ran
         self.overhead: dict = {}  # (shape, slots checked) -> ms of an empty batch
         # shape -> us of sleep ahead of every batch there, one for all variants: a variant

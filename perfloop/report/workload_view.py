@@ -29,6 +29,7 @@ def view(summary: dict, labels: dict, held_out: dict, seed: int | None, bar: flo
             "shape": name, "held_out": name in held_out,
             "bucket": shape.get("bucket") or held_out.get(name),
             "own_bucket": shape.get("routed_from"),   # where it ran as another (routed)
+            **({"tuned": True} if shape.get("tuned") else {}),   # ... any measured one's knobs
             "cutile_ms": round(mine["median_ms"], 5),
             "best_peer": labels.get(best, best),
             "best_peer_ms": round(timed[best], 5) if best else None,
@@ -57,6 +58,9 @@ def render(v: dict) -> list[str]:
     for r in v["shapes"]:
         bucket = (f"{r['bucket']} (its own: {r['own_bucket']})" if r.get("own_bucket")
                   else r["bucket"])
+        if r.get("tuned"):
+            bucket = f"tuned once, nearest {bucket}"
+
         lines.append(f"| {r['shape']} | {'yes' if r['held_out'] else ''} | {bucket} | "
                      f"{r['cutile_ms']:.4f} | {r['best_peer'] or '-'} | "
                      f"{_num(r['best_peer_ms'], '.4f')} | {_num(r['vs_best_peer'], '.3f')} | "
