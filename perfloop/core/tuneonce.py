@@ -4,8 +4,9 @@ few times on the caller's own inputs, the fastest is kept in memory and on disk
 (perfloop.core.autotune.DiskCache), and every later launch in that bucket runs it.
 
 Timed with the kernel's own Clock where it has one (a CPU-timed kernel), on a GPU by device
-time as the timer takes it (perfloop.core.device_clock), else the wall clock. The output is written by the finalist that runs last,
-the winner, so what the caller gets is the winner's result.
+time as the timer takes it (perfloop.core.device_clock), else the wall clock. The output is
+written by the finalist that runs last, the winner, so what the caller gets is the winner's
+result.
 """
 
 from __future__ import annotations

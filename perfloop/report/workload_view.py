@@ -60,7 +60,6 @@ def render(v: dict) -> list[str]:
                   else r["bucket"])
         if r.get("tuned"):
             bucket = f"tuned once, nearest {bucket}"
-
         lines.append(f"| {r['shape']} | {'yes' if r['held_out'] else ''} | {bucket} | "
                      f"{r['cutile_ms']:.4f} | {r['best_peer'] or '-'} | "
                      f"{_num(r['best_peer_ms'], '.4f')} | {_num(r['vs_best_peer'], '.3f')} | "
