@@ -108,6 +108,9 @@ def test_an_unmeasured_bucket_runs_as_the_nearest_of_its_element_size_before_any
     assert W.nearest("float8_e4m3fn/n<=512", rows) == "bfloat16/n<=512"   # 1 byte: no match
 
 
+ONE = 'dims = ["r"]\nr = [4]\ndtypes = ["bfloat16"]\n'
+
+
 @pytest.mark.parametrize("text, says", [
     ('dims = ["r", "h"]\nr = [1]', "no values for h"),
     ("held_out = 99", "held_out must be an integer from 0 to 32"),
@@ -117,6 +120,10 @@ def test_an_unmeasured_bucket_runs_as_the_nearest_of_its_element_size_before_any
     ('dims = ["r"]\nr = [0]\ndtypes = ["bfloat16"]', "positive integers"),
     ('dims = ["r"]\nr = [4]\ndtypes = []', "non-empty list"),
     ('dims = ["r"]\nr = [4]\ndtypes = ["bfloat16"]\nbuckets = ["colour"]', "neither"),
+    (ONE + "finalists = [{ tile = 2 }]", 'only where unseen = "tune"'),
+    (ONE + 'unseen = "tune"\nfinalists = [{}]', "non-empty tables"),
+    (ONE + 'unseen = "tune"\nfinalists = { tile = 2 }', "must be a list"),
+    (ONE + 'unseen = "tune"\nfinalists = [' + "{ tile = 2 }, " * 5 + "]", "1 to 4"),
 ])
 def test_a_wrong_workload_is_one_line_naming_what_is_wrong(text, says):
     with pytest.raises(W.WorkloadError) as caught:
@@ -179,6 +186,47 @@ def test_tune_once_times_the_finalists_keeps_the_fastest_and_caches_it(tmp_path,
     again([torch.empty(64, 2048, dtype=torch.float32)], out)
     assert ran == [2] and again.routes["float32/rows<=64/hidden<=2048"][1] == \
         "tuned once before (disk cache)"
+
+
+def test_declared_finalists_are_timed_beside_the_measured_buckets_knobs(tmp_path, monkeypatch):
+    # few rows want other blocks than any benchmark shape's (H100, do_bench: 2197 x 2048 bf16
+    # 12.5 us at 16 rows per block, 10.3 at 2 rows with occupancy 4): kernel.toml may name
+    # configs the run never measured for tuning to time too
+    monkeypatch.setenv("PERFLOOP_AUTOTUNE_CACHE", str(tmp_path / "cache"))
+    build_one, ran = _kernel(tmp_path, "tune", {1: 0.004, 2: 0.003, 3: 0.002, 4: 0.0})
+    toml = tmp_path / "kernel.toml"
+    toml.write_text(toml.read_text().replace(
+        'unseen = "tune"', 'unseen = "tune"\nfinalists = [{ tile = 4 }, { tile = 2 }]'))
+    out = torch.empty(1)
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        launch = dispatch.build(KNOBS, build_one, folder=tmp_path)
+        launch([torch.empty(64, 2048, dtype=torch.float32)], out)
+    # tile 2 is the fp16 bucket's already: timed once, not twice
+    assert sorted(set(ran)) == [1, 2, 3, 4] and ran.count(2) == ran.count(3)
+    assert float(out) == 4.0 and launch.routes["float32/rows<=64/hidden<=2048"] == (
+        "finalist tile=4", "tuned once among 4 finalists")
+    # a measured bucket runs its own knobs, never a declared finalist
+    ran.clear()
+    launch([torch.empty(16384, 4096, dtype=torch.bfloat16)], out)
+    assert ran == [1]
+
+
+def test_a_declared_finalist_must_name_the_kernels_knobs(tmp_path):
+    from perfloop.core.errors import UserError
+    from perfloop.core.manifest import load_spec
+
+    repo = Path(__file__).resolve().parents[1]
+    folder = tmp_path / "rmsnorm"
+    folder.mkdir()
+    for name in ("kernel.py", "knobs.json"):
+        (folder / name).write_bytes((repo / "kernels" / "rmsnorm" / name).read_bytes())
+    (folder / "kernel.toml").write_text((repo / "kernels/rmsnorm/kernel.toml").read_text())
+    assert load_spec(folder, repo).workload.finalists     # the shipped ones are knobs
+    (folder / "kernel.toml").write_text((folder / "kernel.toml").read_text().replace(
+        "finalists = [", "finalists = [{ warps = 8 }, "))
+    with pytest.raises(UserError, match="finalists: knobs.json has no knob 'warps'"):
+        load_spec(folder, repo)
 
 
 def test_a_cached_winner_that_is_no_longer_a_finalist_is_timed_again(tmp_path):

@@ -26,6 +26,7 @@ from perfloop.core.dispatch_table import (  # noqa: F401  (kernels and judges re
     set_everywhere,
     table,
 )
+from perfloop.core.naming import show_patch
 from perfloop.core.values import freeze
 
 
@@ -108,17 +109,18 @@ def _routed(knobs: dict, build_one: Callable, folder: Path) -> Callable:
     launches: dict[str, Callable] = {}
     routes = Routes()
     tune = wl.unseen == "tune" and not getattr(inspect.getmodule(build_one), "INPLACE", ())
+    declared = {declared_name(p): p for p in wl.finalists} if tune else {}
 
     def runs(target: str) -> Callable:
         if target not in launches:
-            launches[target] = build_one(knobs_for(knobs, target))
+            launches[target] = build_one(config(knobs, target, declared))
         return launches[target]
 
     def route(b: str, inputs, out, extra) -> str:
         if b in overrides or b in places or not places:
             return b
         if tune:
-            finalists = _finalists(knobs, b, places)
+            finalists = _finalists(knobs, b, places, declared)
             if len(finalists) > 1:
                 ident = tuneonce.identity(folder, knobs, b, list(finalists), inputs)
                 clock = getattr(inspect.getmodule(build_one), "Clock", None)
@@ -139,15 +141,33 @@ def _routed(knobs: dict, build_one: Callable, folder: Path) -> Callable:
     return launch
 
 
-def _finalists(knobs: dict, bucket: str, places: list[str]) -> list[str]:
-    """The measured buckets whose knobs differ from each other's, nearest to `bucket` first,
-    at most tuneonce.MAX_FINALISTS."""
+def declared_name(patch: tuple) -> str:
+    """How a finalist kernel.toml declares is named in routes, warnings and the tuning cache:
+    by its values, so a change of them is another finalist."""
+    return "finalist " + show_patch({k: v for k, v in patch})
+
+
+def config(knobs: dict, target: str, declared: dict) -> dict:
+    """The knobs a finalist runs: a measured bucket's, or a declared patch over the plain
+    knobs."""
+    if target in declared:
+        return {**knobs_for(knobs, ""), **dict(declared[target])}
+    return knobs_for(knobs, target)
+
+
+def _finalists(knobs: dict, bucket: str, places: list[str], declared: dict) -> list[str]:
+    """The measured buckets whose knobs differ from each other's, nearest to `bucket` first
+    (at most tuneonce.MAX_MEASURED), then the declared finalists that differ from them, at
+    most tuneonce.MAX_FINALISTS in all."""
     out, seen = [], []
-    for place in sorted(places, key=lambda p: workload.distance(bucket, p)):
-        config = {k: freeze(v) for k, v in knobs_for(knobs, place).items()}
-        if config not in seen:
-            seen.append(config)
-            out.append(place)
+    nearest = sorted(places, key=lambda p: workload.distance(bucket, p))
+    for name in nearest + list(declared):
+        if len(out) == tuneonce.MAX_MEASURED and name not in declared:
+            continue
+        frozen = {k: freeze(v) for k, v in config(knobs, name, declared).items()}
+        if frozen not in seen:
+            seen.append(frozen)
+            out.append(name)
     return out[:tuneonce.MAX_FINALISTS]
 
 

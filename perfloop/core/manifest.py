@@ -44,7 +44,7 @@ def load_spec(folder: Path, repo_root: Path, text: str | None = None) -> KernelS
     try:
         name, judge_rel = _identity(manifest, folder)
         shapes = _shapes(manifest)
-        family = _workload(manifest, shapes)
+        family = _workload(manifest, shapes, folder)
         held_back = _held_back(manifest, shapes, family)
         _check_shapes(shapes, held_back)
         judge = _judge(repo_root, judge_rel, folder)
@@ -111,11 +111,17 @@ def _shapes(manifest: dict) -> tuple[Shape, ...]:
     return shapes
 
 
-def _workload(manifest: dict, shapes: tuple) -> workload.Workload:
+def _workload(manifest: dict, shapes: tuple, folder: Path) -> workload.Workload:
     try:
-        return workload.parse(manifest.get("workload"), shapes)
+        wl = workload.parse(manifest.get("workload"), shapes)
     except workload.WorkloadError as exc:
         raise _Bad(str(exc)) from None
+    known = read_knobs(folder / KNOBS) if wl.finalists else {}
+    for patch in wl.finalists:
+        unknown = [k for k, _ in patch if k not in known or k == "dispatch"]
+        if unknown:
+            raise _Bad(f"[workload] finalists: {KNOBS} has no knob '{unknown[0]}'")
+    return wl
 
 
 def _held_back(manifest: dict, shapes: tuple, family: workload.Workload) -> tuple[Shape, ...]:

@@ -22,7 +22,8 @@ from pathlib import Path
 from perfloop.core.autotune import DiskCache
 from perfloop.core.device_clock import CudaClock, host_us, pad_for
 
-MAX_FINALISTS = 4
+MAX_MEASURED = 4    # the nearest measured buckets' distinct knobs
+MAX_FINALISTS = 8   # with kernel.toml's declared finalists (perfloop.core.workload)
 REPS = 5
 GPU_REPS = 15   # a device-time sample costs ~0.1 ms (L2 eviction, pad): medians of 15
 

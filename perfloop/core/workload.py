@@ -25,12 +25,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from perfloop.core.shape import Shape
+from perfloop.core.values import freeze
 
 DEFAULT_HELD_OUT = 3
 MAX_HELD_OUT = 32
 UNSEEN = ("nearest", "tune")
+MAX_DECLARED = 4   # declared finalists: each costs a compile and a timing at a tuned bucket
 TOP_KEYS = {"dims", "dtypes", "held_out", "seed", "buckets", "inputs", "unseen", "params",
-            "peers", "family", "shapes", "weight", "name"}
+            "peers", "family", "shapes", "weight", "name", "finalists"}
 SHORT = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64"}
 
 
@@ -90,6 +92,7 @@ class Workload:
     unseen: str = "nearest"
     peers: tuple[str, ...] = ()
     declared: bool = False              # kernel.toml has [workload]; else the benchmark's shapes
+    finalists: tuple = ()               # patches over the plain knobs that tuning also times
     benchmark: tuple[Shape, ...] = field(default=(), compare=False)
 
     def measured(self) -> list[str]:
@@ -120,8 +123,23 @@ def parse(raw, benchmark: tuple[Shape, ...]) -> Workload:
                             f"not {unseen!r}")
     wl = Workload(names, _families(raw, names), (), held, seed,
                   _inputs(raw.get("inputs"), names), unseen,
-                  _strings(raw.get("peers", []), "peers"), True, tuple(benchmark))
+                  _strings(raw.get("peers", []), "peers"), True,
+                  _finalists(raw.get("finalists"), unseen), tuple(benchmark))
     return replace(wl, bucket_keys=_bucket_keys(raw.get("buckets"), wl))
+
+
+def _finalists(raw, unseen: str) -> tuple:
+    """finalists = [{knob = value, ...}, ...]: configs (patches over the plain knobs) that a
+    tuned launch times beside the measured buckets' knobs, as ((knob, value), ...) each."""
+    if raw is None:
+        return ()
+    if unseen != "tune":
+        raise WorkloadError('[workload] finalists are timed only where unseen = "tune"')
+    if not isinstance(raw, list) or not raw or len(raw) > MAX_DECLARED or \
+            not all(isinstance(p, dict) and p for p in raw):
+        raise WorkloadError(f"[workload] finalists must be a list of 1 to {MAX_DECLARED} "
+                            "non-empty tables of knob values")
+    return tuple(tuple(sorted((k, freeze(v)) for k, v in p.items())) for p in raw)
 
 
 def _dim_key(names: tuple, key: str) -> bool:
