@@ -212,6 +212,29 @@ def test_declared_finalists_are_timed_beside_the_measured_buckets_knobs(tmp_path
     assert ran == [1]
 
 
+def test_declared_finalists_are_tuned_among_before_any_dispatch_table(tmp_path, monkeypatch):
+    # a kernel fresh from the README has no dispatch table yet: its declared finalists and
+    # the plain knobs are still timed where no benchmark shape measured the bucket
+    monkeypatch.setenv("PERFLOOP_AUTOTUNE_CACHE", str(tmp_path / "cache"))
+    build_one, ran = _kernel(tmp_path, "tune", {1: 0.004, 4: 0.0})
+    toml = tmp_path / "kernel.toml"
+    toml.write_text(toml.read_text().replace(
+        'unseen = "tune"', 'unseen = "tune"\nfinalists = [{ tile = 4 }]'))
+    out = torch.empty(1)
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        launch = dispatch.build({"tile": 1}, build_one, folder=tmp_path)
+        launch([torch.empty(64, 2048, dtype=torch.float32)], out)
+    assert float(out) == 4.0 and sorted(set(ran)) == [1, 4]
+    ran.clear()
+    launch([torch.empty(16384, 4096, dtype=torch.bfloat16)], out)   # measured: plain knobs
+    assert ran == [1]
+    # without finalists (or with unseen = "nearest") no table means build_one's own launch
+    toml.write_text(toml.read_text().replace("finalists = [{ tile = 4 }]", ""))
+    plain = dispatch.build({"tile": 1}, build_one, folder=tmp_path)
+    assert not hasattr(plain, "routes")
+
+
 def test_a_declared_finalist_must_name_the_kernels_knobs(tmp_path):
     from perfloop.core.errors import UserError
     from perfloop.core.manifest import load_spec

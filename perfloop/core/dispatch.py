@@ -33,7 +33,8 @@ from perfloop.core.values import freeze
 def build(knobs: dict, build_one: Callable[[dict], Callable],
           bucket: Callable | None = None, *, folder: Path | None = None) -> Callable:
     """launch(inputs, out) that runs build_one(knobs_for(knobs, bucket(inputs))). Without a
-    dispatch table it is build_one's own launch, so dispatch costs nothing until it is used.
+    dispatch table (or declared finalists) it is build_one's own launch, so dispatch costs
+    nothing until it is used.
 
     `bucket`: the kernel's own key; the table lists the measured buckets (an empty entry where
     the plain knobs hold), and a bucket not in it runs as the nearest one that is (by element
@@ -43,10 +44,10 @@ def build(knobs: dict, build_one: Callable[[dict], Callable],
     once, where the workload says unseen = "tune"). Either launch's `routes` says where each
     unmeasured bucket went."""
     overrides = table(knobs)
+    if bucket is None and (overrides or _declares_finalists(folder, build_one)):
+        return _routed(knobs, build_one, Path(folder) if folder else _folder_of(build_one))
     if not overrides:
         return build_one(knobs_for(knobs, ""))
-    if bucket is None:
-        return _routed(knobs, build_one, Path(folder) if folder else _folder_of(build_one))
     launches = {b: build_one(knobs_for(knobs, b)) for b in overrides}
     routes = Routes()
 
@@ -87,6 +88,16 @@ def workload_bucket(file) -> Callable:
         return workload.inputs_bucket(loaded[0], inputs)
 
     return bucket
+
+
+def _declares_finalists(folder: Path | None, build_one: Callable) -> bool:
+    """Whether the workload beside the kernel names finalists: its launches tune among them
+    and the plain knobs before any run has written a dispatch table."""
+    try:
+        wl = workload.load(Path(folder) if folder else _folder_of(build_one))
+    except (TypeError, OSError, KeyError, ValueError):
+        return False   # no file to find, or a table the manifest refuses in its own words
+    return bool(wl and wl.unseen == "tune" and wl.finalists)
 
 
 def _folder_of(build_one: Callable) -> Path:
