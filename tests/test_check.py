@@ -57,6 +57,25 @@ def test_the_committed_dispatch_tables_variants_are_compiled_too(tmp_path):
     assert result["compiled"] == result["variants"] - 1 > 0
 
 
+def test_a_declared_finalist_is_compiled_too(tmp_path):
+    # a launch in an unmeasured bucket may run it: a finalist that cannot compile is named
+    repo = tmp_path / "repo"
+    shutil.copytree(ROOT / "tests" / "broken" / "kernel", repo / "kernels" / "broken")
+    manifest = repo / "kernels" / "broken" / "kernel.toml"
+    manifest.write_text(manifest.read_text().replace("tile = [[1, 64], [1, 96]]", "tile = [[1, 64]]")
+                        + '\n[workload]\ndims = ["n"]\nn = [4096, 8192]\ndtypes = ["float16"]\n'
+                        'unseen = "tune"\nfinalists = [{ tile = [1, 96] }]\n')
+    (repo / "tests").mkdir()
+    (repo / "tests" / "judge_broken.py").write_text("")
+    git(repo.parent, "init", "-q", str(repo))
+    from test_cli_errors import human
+
+    code, out, err = human(repo, "check", "--kernel", "kernels/broken", "--arch", "sm_90")
+    assert code == 1, err + out
+    failures = [line for line in out.splitlines() if line.startswith("FAIL")]
+    assert len(failures) == 1 and "tile=[1, 96]" in failures[0], out
+
+
 def test_pairwise_set_covers_every_pair_and_starts_with_the_committed_knobs():
     doms = {"a": [0, 1, 2], "b": ["x", "y"], "c": [True, False], "d": [None, 4, 8]}
     rows, _ = variants.pairwise(doms)

@@ -235,6 +235,29 @@ def test_declared_finalists_are_tuned_among_before_any_dispatch_table(tmp_path, 
     assert not hasattr(plain, "routes")
 
 
+def test_a_finalist_that_fails_is_no_winner_and_the_choice_is_not_cached(tmp_path):
+    IDENT = {"kernel": "k", "key": "b", "space": ["bad", "good"]}
+    cache = DiskCache(tmp_path)
+    out = torch.zeros(1)
+
+    def works(inputs, out):
+        out.fill_(1.0)
+
+    def breaks(inputs, out):
+        raise RuntimeError("too many resources requested for launch")
+
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        best, how = tuneonce.choose("b", {"bad": breaks, "good": works}, [torch.empty(2)], out,
+                                    (), IDENT, cache=cache)
+    assert (best, how) == ("good", "tuned once among 1 finalists")
+    assert "bad failed (RuntimeError: too many resources" in str(said[-1].message)
+    assert cache.get(IDENT) is None      # timed again next time: it may be passing
+    with pytest.raises(RuntimeError, match="too many resources"):   # none runs: the error
+        tuneonce.choose("b", {"bad": breaks, "worse": breaks}, [torch.empty(2)], out, (),
+                        {**IDENT, "space": ["bad", "worse"]}, cache=cache)
+
+
 def test_a_declared_finalist_must_name_the_kernels_knobs(tmp_path):
     from perfloop.core.errors import UserError
     from perfloop.core.manifest import load_spec

@@ -97,14 +97,22 @@ def choose(bucket: str, finalists: dict[str, Callable], inputs, out, extra: tupl
     if found is not None:
         return found, "tuned once before (disk cache)"
     timed = _timer(clock_class, inputs)
-    ms = {}
+    ms, failed = {}, {}
     for name, launch in finalists.items():
-        launch(inputs, out, *extra)  # its first call may compile
-        ms[name] = timed(lambda launch=launch: launch(inputs, out, *extra))
+        try:
+            launch(inputs, out, *extra)  # its first call may compile
+            ms[name] = timed(lambda launch=launch: launch(inputs, out, *extra))
+        except Exception as exc:  # one finalist that cannot run these inputs is no winner
+            if not ms and len(failed) == len(finalists) - 1:
+                raise               # nor is any: the caller sees the last one's error
+            failed[name] = f"{type(exc).__name__}: {str(exc).strip()[:120]}"
     best = min(ms, key=ms.get)
-    cache.put(ident, best, {"median_ms": ms})
-    said = ", ".join(f"{k} {v:.4g} ms" for k, v in ms.items())
+    if not failed:   # a failure may be passing (memory taken by another process): never cached
+        cache.put(ident, best, {"median_ms": ms})
+    said = ", ".join([f"{k} {v:.4g} ms" for k, v in ms.items()]
+                     + [f"{k} failed ({why})" for k, why in failed.items()])
     warnings.warn(f"perfloop.dispatch: bucket {bucket} was not measured by the run; tuned once "
-                  f"among {len(ms)} finalists ({said}): runs {best}'s knobs (cached in "
-                  f"{cache.directory})", UnseenBucket, stacklevel=3)
+                  f"among {len(ms)} finalists ({said}): runs {best}'s knobs ("
+                  + (f"cached in {cache.directory})" if not failed else "not cached: a finalist "
+                     "failed)"), UnseenBucket, stacklevel=3)
     return best, f"tuned once among {len(ms)} finalists"
