@@ -205,34 +205,11 @@ def test_declared_finalists_are_timed_beside_the_measured_buckets_knobs(tmp_path
     # tile 2 is the fp16 bucket's already: timed once, not twice
     assert sorted(set(ran)) == [1, 2, 3, 4] and ran.count(2) == ran.count(3)
     assert float(out) == 4.0 and launch.routes["float32/rows<=64/hidden<=2048"] == (
-        "finalist tile=4", "tuned once among 4 finalists")
+        'finalist {"tile": 4}', "tuned once among 4 finalists")
     # a measured bucket runs its own knobs, never a declared finalist
     ran.clear()
     launch([torch.empty(16384, 4096, dtype=torch.bfloat16)], out)
     assert ran == [1]
-
-
-def test_declared_finalists_are_tuned_among_before_any_dispatch_table(tmp_path, monkeypatch):
-    # a kernel fresh from the README has no dispatch table yet: its declared finalists and
-    # the plain knobs are still timed where no benchmark shape measured the bucket
-    monkeypatch.setenv("PERFLOOP_AUTOTUNE_CACHE", str(tmp_path / "cache"))
-    build_one, ran = _kernel(tmp_path, "tune", {1: 0.004, 4: 0.0})
-    toml = tmp_path / "kernel.toml"
-    toml.write_text(toml.read_text().replace(
-        'unseen = "tune"', 'unseen = "tune"\nfinalists = [{ tile = 4 }]'))
-    out = torch.empty(1)
-    with warnings.catch_warnings(record=True):
-        warnings.simplefilter("always")
-        launch = dispatch.build({"tile": 1}, build_one, folder=tmp_path)
-        launch([torch.empty(64, 2048, dtype=torch.float32)], out)
-    assert float(out) == 4.0 and sorted(set(ran)) == [1, 4]
-    ran.clear()
-    launch([torch.empty(16384, 4096, dtype=torch.bfloat16)], out)   # measured: plain knobs
-    assert ran == [1]
-    # without finalists (or with unseen = "nearest") no table means build_one's own launch
-    toml.write_text(toml.read_text().replace("finalists = [{ tile = 4 }]", ""))
-    plain = dispatch.build({"tile": 1}, build_one, folder=tmp_path)
-    assert not hasattr(plain, "routes")
 
 
 def test_a_finalist_that_fails_is_no_winner_and_the_choice_is_not_cached(tmp_path):
@@ -614,3 +591,36 @@ def test_a_regression_at_a_tuned_shape_reverts_the_whole_dispatch():
 
     only_tuned = {k: v for k, v in summary.items() if k != "held:guard"}
     assert decide.ungeneralized(only_tuned, ["big", "small"]) == ("small",)
+
+
+def test_each_declared_finalist_is_judged_as_a_variant_of_its_own():
+    # a tuned launch may run a declared finalist wherever it is fastest; the judge's cases
+    # check only each case's winner, so the loop asks the judge about each one outright
+    from perfloop.core.dispatch_table import declared
+    from perfloop.measure.judge import JudgeResult
+    from perfloop.run.outcomes import finalist_variants, with_finalists
+
+    finalists = declared(((("occupancy", 2), ("tile", (2, 0))),))
+    name = next(iter(finalists))
+    table = {"dispatch": {"bf16/rows<=16384": {"tile": (4, 0)}}}
+    cands = [{"label": "c1", "folder": "f", "knobs": {"tile": (1, 0), "occupancy": None, **table}},
+             {"label": "c2", "folder": "f", "knobs": {"tile": (1, 0), "occupancy": None}}]
+    extra = finalist_variants(cands, finalists)
+    # no dispatch table, no tuning: c2's launches never run a finalist
+    assert list(extra) == ["c1"] and len(extra["c1"]) == 1
+    v = extra["c1"][0]
+    assert v["label"] == "c1-finalist1" and v["finalist"] == name
+    assert v["knobs"] == {"tile": (2, 0), "occupancy": 2}     # plain + patch, no table: runs it
+    # the incumbent ran the same config with the same code: judged then, not again
+    assert finalist_variants(cands, finalists, cands[0]["knobs"]) == {}
+    assert finalist_variants(cands, finalists, {**cands[0]["knobs"], "occupancy": 8}) == {}
+    other = {**cands[0]["knobs"], "fast_math": True}     # a knob the patch leaves as it is
+    assert len(finalist_variants(cands, finalists, other)["c1"]) == 1
+    # a candidate whose own cases pass fails when its finalist fails; a failed one stays so
+    judged = JudgeResult(passed={"c1": True, "c1-finalist1": False},
+                         cases={"c1-finalist1": [{"case": "bf16[3, 5000]", "passed": False}]})
+    out = with_finalists({"c1": ("ok", "")}, extra, judged)
+    assert out["c1"][0] == "fail" and name in out["c1"][1] and "bf16[3, 5000]" in out["c1"][1]
+    judged.passed["c1-finalist1"] = True
+    assert with_finalists({"c1": ("ok", "")}, extra, judged) == {"c1": ("ok", "")}
+    assert with_finalists({"c1": ("crash", "x")}, extra, judged) == {"c1": ("crash", "x")}

@@ -14,6 +14,7 @@ unseen = "tune", tunes once among the finalists (perfloop.core.tuneonce) and say
 from __future__ import annotations
 
 import inspect
+import json
 from pathlib import Path
 from typing import Callable
 
@@ -21,20 +22,22 @@ from perfloop.core import tuneonce, workload
 from perfloop.core.dispatch_table import (  # noqa: F401  (kernels and judges read them here)
     KEY,
     changed_buckets,
+    config,
+    declared_name,
     knobs_for,
     merged,
     set_everywhere,
     table,
 )
-from perfloop.core.naming import show_patch
-from perfloop.core.values import freeze
+from perfloop.core.dispatch_table import declared as declared_finalists
+from perfloop.core.values import thaw
 
 
 def build(knobs: dict, build_one: Callable[[dict], Callable],
           bucket: Callable | None = None, *, folder: Path | None = None) -> Callable:
     """launch(inputs, out) that runs build_one(knobs_for(knobs, bucket(inputs))). Without a
-    dispatch table (or declared finalists) it is build_one's own launch, so dispatch costs
-    nothing until it is used.
+    dispatch table it is build_one's own launch, so dispatch costs nothing until it is used
+    (and a finalist's launch, built from table-free knobs, never routes again).
 
     `bucket`: the kernel's own key; the table lists the measured buckets (an empty entry where
     the plain knobs hold), and a bucket not in it runs as the nearest one that is (by element
@@ -44,10 +47,10 @@ def build(knobs: dict, build_one: Callable[[dict], Callable],
     once, where the workload says unseen = "tune"). Either launch's `routes` says where each
     unmeasured bucket went."""
     overrides = table(knobs)
-    if bucket is None and (overrides or _declares_finalists(folder, build_one)):
-        return _routed(knobs, build_one, Path(folder) if folder else _folder_of(build_one))
     if not overrides:
         return build_one(knobs_for(knobs, ""))
+    if bucket is None:
+        return _routed(knobs, build_one, Path(folder) if folder else _folder_of(build_one))
     launches = {b: build_one(knobs_for(knobs, b)) for b in overrides}
     routes = Routes()
 
@@ -90,16 +93,6 @@ def workload_bucket(file) -> Callable:
     return bucket
 
 
-def _declares_finalists(folder: Path | None, build_one: Callable) -> bool:
-    """Whether the workload beside the kernel names finalists: its launches tune among them
-    and the plain knobs before any run has written a dispatch table."""
-    try:
-        wl = workload.load(Path(folder) if folder else _folder_of(build_one))
-    except (TypeError, OSError, KeyError, ValueError):
-        return False   # no file to find, or a table the manifest refuses in its own words
-    return bool(wl and wl.unseen == "tune" and wl.finalists)
-
-
 def _folder_of(build_one: Callable) -> Path:
     fn = inspect.unwrap(getattr(build_one, "func", build_one))
     return Path(inspect.getfile(fn)).resolve().parent
@@ -120,7 +113,7 @@ def _routed(knobs: dict, build_one: Callable, folder: Path) -> Callable:
     launches: dict[str, Callable] = {}
     routes = Routes()
     tune = wl.unseen == "tune" and not getattr(inspect.getmodule(build_one), "INPLACE", ())
-    declared = {declared_name(p): p for p in wl.finalists} if tune else {}
+    declared = declared_finalists(wl.finalists) if tune else {}
 
     def runs(target: str) -> Callable:
         if target not in launches:
@@ -152,20 +145,6 @@ def _routed(knobs: dict, build_one: Callable, folder: Path) -> Callable:
     return launch
 
 
-def declared_name(patch: tuple) -> str:
-    """How a finalist kernel.toml declares is named in routes, warnings and the tuning cache:
-    by its values, so a change of them is another finalist."""
-    return "finalist " + show_patch({k: v for k, v in patch})
-
-
-def config(knobs: dict, target: str, declared: dict) -> dict:
-    """The knobs a finalist runs: a measured bucket's, or a declared patch over the plain
-    knobs."""
-    if target in declared:
-        return {**knobs_for(knobs, ""), **dict(declared[target])}
-    return knobs_for(knobs, target)
-
-
 def _finalists(knobs: dict, bucket: str, places: list[str], declared: dict) -> list[str]:
     """The measured buckets whose knobs differ from each other's, nearest to `bucket` first
     (at most tuneonce.MAX_MEASURED), then the declared finalists that differ from them, at
@@ -175,9 +154,11 @@ def _finalists(knobs: dict, bucket: str, places: list[str], declared: dict) -> l
     for name in nearest + list(declared):
         if len(out) == tuneonce.MAX_MEASURED and name not in declared:
             continue
-        frozen = {k: freeze(v) for k, v in config(knobs, name, declared).items()}
-        if frozen not in seen:
-            seen.append(frozen)
+        # by JSON, not ==: 1.0 and True are not the 1 a kernel would be given
+        text = json.dumps({k: thaw(v) for k, v in config(knobs, name, declared).items()},
+                          sort_keys=True, default=str)
+        if text not in seen:
+            seen.append(text)
             out.append(name)
     return out[:tuneonce.MAX_FINALISTS]
 

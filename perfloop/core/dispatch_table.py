@@ -6,6 +6,7 @@ bucket in the table."""
 
 from __future__ import annotations
 
+import json
 import operator
 
 from perfloop.core.values import freeze, thaw
@@ -68,3 +69,23 @@ def set_everywhere(knobs: dict, knob: str, value) -> dict:
         out[KEY] = {b: ({**e, knob: thaw(value)} if knob in e else dict(e))
                     for b, e in entries.items()}
     return out
+
+
+def declared_name(patch: tuple) -> str:
+    """How a finalist kernel.toml's [workload] declares ((knob, value) pairs) is named in
+    routes, warnings, the tuning cache and the judge's labels: by its values, exactly, so no
+    two differ only in the spelling of a value and a change of them is another finalist."""
+    return "finalist " + json.dumps({k: thaw(v) for k, v in patch}, sort_keys=True)
+
+
+def declared(patches) -> dict:
+    """{name: patch} of a workload's declared finalists."""
+    return {declared_name(p): p for p in patches}
+
+
+def config(knobs: dict, target: str, finalists: dict) -> dict:
+    """The knobs a finalist runs: a measured bucket's, or a declared patch over the plain
+    knobs (no dispatch table: its launch never routes again)."""
+    if target in finalists:
+        return {**knobs_for(knobs, ""), **dict(finalists[target])}
+    return knobs_for(knobs, target)

@@ -1,7 +1,8 @@
 """Tune once among a run's finalists, for a launch in a bucket the run never measured (seed
-000's tune-once, cache, launch): each finalist (the knobs a measured bucket runs) is launched a
-few times on the caller's own inputs, the fastest is kept in memory and on disk
-(perfloop.core.autotune.DiskCache), and every later launch in that bucket runs it.
+000's tune-once, cache, launch): each finalist (the knobs a measured bucket runs, or a config
+kernel.toml's [workload] declares) is launched a few times on the caller's own inputs, the
+fastest is kept in memory and on disk (perfloop.core.autotune.DiskCache), and every later
+launch in that bucket runs it.
 
 Timed with the kernel's own Clock where it has one (a CPU-timed kernel), on a GPU by device
 time as the timer takes it (perfloop.core.device_clock), else the wall clock. The output is

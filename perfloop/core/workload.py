@@ -497,8 +497,8 @@ def with_buckets(shapes, wl: Workload) -> list[dict]:
     shape in a bucket no benchmark shape fell in (a held-out one), the nearest measured bucket,
     as a launch routes it (perfloop.core.dispatch), with its own as "routed_from". Decisions
     about a bucket so count the held-out shapes that run as it. With unseen = "tune" such a
-    launch runs whichever measured bucket's knobs were fastest there: "tuned" says so, and
-    the bucket it counts in is only the nearest."""
+    launch runs whichever finalist (a measured bucket's knobs, or one kernel.toml declares)
+    was fastest there: "tuned" says so, and the bucket it counts in is only the nearest."""
     measured, out = wl.measured(), []
     for s in shapes:
         own = shape_bucket(wl, s)

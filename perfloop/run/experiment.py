@@ -32,7 +32,13 @@ from perfloop.plan import decide, weigh
 from perfloop.plan.proposal import Proposal
 from perfloop.run import ahead, screening
 from perfloop.run.finish import finish, knobs_digest
-from perfloop.run.outcomes import apply_timing, judged_outcome, void_if_foreign
+from perfloop.run.outcomes import (
+    apply_timing,
+    finalist_variants,
+    judged_outcome,
+    void_if_foreign,
+    with_finalists,
+)
 from perfloop.store import gitops, records
 from perfloop.store.session import Session
 
@@ -259,9 +265,14 @@ def _start_timer(t: Trial, env: dict):
 def _judge(t: Trial, env: dict, timer, warmers: list) -> None:
     s = t.s
     pool, s.judges = s.judges, None  # started while the previous experiment was timed
+    same = t.kind != Kind.BASELINE and all(_same_code(c["folder"], t.incumbent_dir)
+                                           for c in t.candidates)
+    finalists = finalist_variants(t.candidates, dispatch.declared(s.spec.workload.finalists),
+                                  t.incumbent_knobs if same else None)
+    extra = [v for vs in finalists.values() for v in vs]
     try:
         judged = judge.judge(
-            s.root / s.state.judge, t.candidates, cwd=s.root, work=t.work,
+            s.root / s.state.judge, t.candidates + extra, cwd=s.root, work=t.work,
             deadline=t.deadline, stall_s=t.rules.stall_timeout_s, env=env,
             processes=judge.processes_for(t.rules.judge_processes),
             share_cases=s.spec.requires_gpu,  # its cases compile
@@ -281,10 +292,21 @@ def _judge(t: Trial, env: dict, timer, warmers: list) -> None:
     t.compile_ahead = {"processes": len(warmers), "finished_while_judged": warmed,
                        "judge_processes": judged.processes}
     crashpoint("correctness", t.iteration)
-    t.outcome = {v["label"]: judged_outcome(v["label"], judged) for v in t.candidates}
+    t.outcome = with_finalists({v["label"]: judged_outcome(v["label"], judged)
+                                for v in t.candidates}, finalists, judged)
     void_if_foreign(s, t.outcome, judged.imports, t.allowed,
                     "the judge imported {}, which differs from the run's base commit: its "
                     "verdict does not count")
+
+
+def _same_code(a, b) -> bool:
+    """Whether two kernel folders hold the same Python files, byte for byte."""
+    def code(folder):
+        return {p.name: p.read_bytes() for p in sorted(Path(folder).glob("*.py"))}
+    try:
+        return code(a) == code(b)
+    except OSError:
+        return False
 
 
 def _time(t: Trial, timer, labels: list[str]) -> None:
@@ -307,7 +329,8 @@ def _time(t: Trial, timer, labels: list[str]) -> None:
 
 def _tuned(t: Trial) -> list[str]:
     """Held-out shapes in buckets no benchmark shape measured, where the workload says unseen =
-    "tune": a launch there runs whichever finalist (any measured bucket's knobs) was fastest,
+    "tune": a launch there runs whichever finalist (any measured bucket's knobs, or a declared
+    one) was fastest,
     so a change of any bucket's entry may change its time, whatever bucket it counts in."""
     return [shape["name"] for shape in t.timed_shapes if shape.get("tuned")]
 

@@ -3,6 +3,7 @@ and its timer reported, and voided where a process imported files the run did no
 
 from __future__ import annotations
 
+from perfloop.core import dispatch_table
 from perfloop.core.vocab import CONTROL, INCUMBENT, Kind, Outcome
 from perfloop.measure import judge, phases
 from perfloop.store import gitops, pins
@@ -51,3 +52,41 @@ def apply_timing(outcome: dict, timing: phases.Timing, kind: Kind) -> None:
         why = timing.raw["failed"][INCUMBENT]
         outcome[INCUMBENT] = (Outcome.FAIL if why["kind"] == Outcome.FAIL else Outcome.CRASH,
                               why["reason"])
+
+
+def finalist_variants(candidates: list[dict], finalists: dict,
+                      judged_before: dict | None = None) -> dict[str, list[dict]]:
+    """The judge's extra variants: per candidate with a dispatch table (whose launches tune in
+    unmeasured buckets, perfloop.core.dispatch), each finalist kernel.toml declares as a
+    variant of its own ({name: patch}, perfloop.core.dispatch_table.declared). A launch may
+    run it wherever it is fastest, and the judge's cases only check each case's winner.
+    Left out where it runs the knobs it ran under `judged_before` (the incumbent's, judged
+    with the same kernel code when it was a candidate)."""
+    def knobs(c, name):
+        return dispatch_table.config(c["knobs"], name, finalists)
+
+    before = judged_before if judged_before and dispatch_table.table(judged_before) else None
+    out = {}
+    for c in candidates:
+        if not finalists or not dispatch_table.table(c["knobs"]):
+            continue
+        out[c["label"]] = [
+            {**c, "label": f"{c['label']}-finalist{i}", "knobs": knobs(c, name),
+             "finalist": name}
+            for i, name in enumerate(finalists, 1)
+            if before is None or knobs(c, name) != knobs({"knobs": before}, name)]
+    return {label: vs for label, vs in out.items() if vs}
+
+
+def with_finalists(outcome: dict, extras: dict[str, list[dict]], judged) -> dict:
+    """Each candidate's outcome, failed or crashed where one of its declared finalists was."""
+    out = dict(outcome)
+    for label, variants in extras.items():
+        if out.get(label, (Outcome.OK,))[0] != Outcome.OK:
+            continue
+        for v in variants:
+            kind, why = judged_outcome(v["label"], judged)
+            if kind != Outcome.OK:
+                out[label] = (kind, f"declared {v['finalist']}: {why}")
+                break
+    return out
