@@ -212,7 +212,7 @@ def test_declared_finalists_are_timed_beside_the_measured_buckets_knobs(tmp_path
     assert ran == [1]
 
 
-def test_a_finalist_that_fails_is_no_winner_and_the_choice_is_not_cached(tmp_path):
+def test_a_finalist_that_fails_is_no_winner(tmp_path):
     IDENT = {"kernel": "k", "key": "b", "space": ["bad", "good"]}
     cache = DiskCache(tmp_path)
     out = torch.zeros(1)
@@ -229,7 +229,17 @@ def test_a_finalist_that_fails_is_no_winner_and_the_choice_is_not_cached(tmp_pat
                                     (), IDENT, cache=cache)
     assert (best, how) == ("good", "tuned once among 1 finalists")
     assert "bad failed (RuntimeError: too many resources" in str(said[-1].message)
-    assert cache.get(IDENT) is None      # timed again next time: it may be passing
+    assert cache.get(IDENT) == "good"    # the same failure next time: not timed again
+    oom = {**IDENT, "key": "oom"}
+
+    def full(inputs, out):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        tuneonce.choose("b", {"full": full, "good": works}, [torch.empty(2)], out, (), oom,
+                        cache=cache)
+    assert cache.get(oom) is None        # memory may be free next time: timed again
     with pytest.raises(RuntimeError, match="too many resources"):   # none runs: the error
         tuneonce.choose("b", {"bad": breaks, "worse": breaks}, [torch.empty(2)], out, (),
                         {**IDENT, "space": ["bad", "worse"]}, cache=cache)

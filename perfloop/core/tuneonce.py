@@ -78,6 +78,11 @@ def _timer(clock_class, inputs) -> Callable[[Callable[[], object]], float]:
     return wall
 
 
+def _may_pass(exc: BaseException) -> bool:
+    """An error that another try may not meet: memory, which another process may hold."""
+    return isinstance(exc, MemoryError) or "out of memory" in str(exc).lower()
+
+
 def identity(kernel: Path, table: dict, bucket: str, finalists: list[str], inputs) -> dict:
     """What decides the winner: the kernel's source, the knobs, the bucket, the finalists and
     the device (a change of any misses the disk cache)."""
@@ -98,7 +103,7 @@ def choose(bucket: str, finalists: dict[str, Callable], inputs, out, extra: tupl
     if found is not None:
         return found, "tuned once before (disk cache)"
     timed = _timer(clock_class, inputs)
-    ms, failed = {}, {}
+    ms, failed, passing = {}, {}, False
     for name, launch in finalists.items():
         try:
             launch(inputs, out, *extra)  # its first call may compile
@@ -107,13 +112,14 @@ def choose(bucket: str, finalists: dict[str, Callable], inputs, out, extra: tupl
             if not ms and len(failed) == len(finalists) - 1:
                 raise               # nor is any: the caller sees the last one's error
             failed[name] = f"{type(exc).__name__}: {str(exc).strip()[:120]}"
+            passing = passing or _may_pass(exc)
     best = min(ms, key=ms.get)
-    if not failed:   # a failure may be passing (memory taken by another process): never cached
-        cache.put(ident, best, {"median_ms": ms})
+    if not passing:   # memory another process holds may be free next time: then not cached
+        cache.put(ident, best, {"median_ms": ms, "failed": failed})
     said = ", ".join([f"{k} {v:.4g} ms" for k, v in ms.items()]
                      + [f"{k} failed ({why})" for k, why in failed.items()])
     warnings.warn(f"perfloop.dispatch: bucket {bucket} was not measured by the run; tuned once "
                   f"among {len(ms)} finalists ({said}): runs {best}'s knobs ("
-                  + (f"cached in {cache.directory})" if not failed else "not cached: a finalist "
-                     "failed)"), UnseenBucket, stacklevel=3)
+                  + (f"cached in {cache.directory})" if not passing else "not cached: a finalist "
+                     "ran out of memory)"), UnseenBucket, stacklevel=3)
     return best, f"tuned once among {len(ms)} finalists"
