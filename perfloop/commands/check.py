@@ -58,7 +58,7 @@ def execute(args):
     # each bucket of the committed dispatch table launches its own variant: compile it too
     combos += [dispatch.knobs_for(committed, b) for b in dispatch.table(committed)]
     # and so does each finalist [workload] declares, where a launch tunes among them
-    declared = dispatch.declared_finalists(spec.workload.finalists)
+    declared = dispatch.declared_finalists(getattr(spec.workload, "finalists", ()))
     combos += [dispatch.config(committed, name, declared) for name in declared]
     failures, t0 = [], time.monotonic()
     with progress.task("compile", total=len(archs) * len(combos)) as bar:

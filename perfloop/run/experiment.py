@@ -267,8 +267,8 @@ def _judge(t: Trial, env: dict, timer, warmers: list) -> None:
     pool, s.judges = s.judges, None  # started while the previous experiment was timed
     same = t.kind != Kind.BASELINE and all(_same_code(c["folder"], t.incumbent_dir)
                                            for c in t.candidates)
-    finalists = finalist_variants(t.candidates, dispatch.declared(s.spec.workload.finalists),
-                                  t.incumbent_knobs if same else None)
+    declared = dispatch.declared(getattr(s.spec.workload, "finalists", ()))
+    finalists = finalist_variants(t.candidates, declared, t.incumbent_knobs if same else None)
     extra = [v for vs in finalists.values() for v in vs]
     try:
         judged = judge.judge(
@@ -330,8 +330,8 @@ def _time(t: Trial, timer, labels: list[str]) -> None:
 def _tuned(t: Trial) -> list[str]:
     """Held-out shapes in buckets no benchmark shape measured, where the workload says unseen =
     "tune": a launch there runs whichever finalist (any measured bucket's knobs, or a declared
-    one) was fastest,
-    so a change of any bucket's entry may change its time, whatever bucket it counts in."""
+    one) was fastest, so a change of any bucket's entry may change its time, whatever bucket
+    it counts in."""
     return [shape["name"] for shape in t.timed_shapes if shape.get("tuned")]
 
 
