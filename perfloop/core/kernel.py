@@ -40,7 +40,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from perfloop.core.errors import UserError
-from perfloop.core.shape import Shape, _items  # noqa: F401  (the contract's)
+from perfloop.core.shape import Shape, _items, pow2  # noqa: F401  (the contract's)
 from perfloop.core.values import freeze, thaw
 
 SHIPPED = Path(__file__).resolve().parents[2] / "kernels"
@@ -66,13 +66,13 @@ def derived_held_back(shape: Shape, bucket_of=None) -> Shape:
         n, rest = dims[i], math.prod(dims[:-1] or dims) // max(dims[i], 1)
         for rows in (n + n // 2 + 1, n - n // 4 + 1, n + 1, n - 1):
             held = _held(shape, dims[:i] + (rows,) + dims[i + 1:])
-            if rows > 0 and rows != n and _pow2(rows) == _pow2(n) \
-                    and _pow2(rows * rest) == _pow2(n * rest) \
+            if rows > 0 and rows != n and pow2(rows) == pow2(n) \
+                    and pow2(rows * rest) == pow2(n * rest) \
                     and (bucket_of is None or bucket_of(held) == bucket_of(shape)):
                 return held
     n = dims[0]   # (no change keeps the bucket: the first dimension, as before)
     rows = n + n // 2 + 1
-    if rows > _pow2(n) and n > 8:
+    if rows > pow2(n) and n > 8:
         rows = n - n // 4 + 1
     return _held(shape, (rows, *dims[1:]))
 
@@ -80,11 +80,6 @@ def derived_held_back(shape: Shape, bucket_of=None) -> Shape:
 def _held(shape: Shape, dims: tuple) -> Shape:
     return replace(shape, name=f"held:{shape.name}", dims=tuple(dims), headline=False,
                    held_back=True)
-
-
-def _pow2(n: int) -> int:
-    # (workload.pow2's: importing workload here passes the package's ten import levels)
-    return 1 << max(n - 1, 0).bit_length()
 
 
 @dataclass(frozen=True)

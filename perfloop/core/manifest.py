@@ -44,11 +44,12 @@ def load_spec(folder: Path, repo_root: Path, text: str | None = None) -> KernelS
     try:
         name, judge_rel = _identity(manifest, folder)
         shapes = _shapes(manifest)
-        family = _workload(manifest, shapes, folder)
+        known = read_knobs(folder / KNOBS)   # (the knobs [candidates] and finalists name)
+        family = _workload(manifest, shapes, known)
         held_back = _held_back(manifest, shapes, family)
         _check_shapes(shapes, held_back)
         judge = _judge(repo_root, judge_rel, folder)
-        spec = KernelSpec(name, folder, judge, shapes, _candidates(manifest, folder),
+        spec = KernelSpec(name, folder, judge, shapes, _candidates(manifest, known),
                           _flag(manifest, "requires_gpu", True), _tolerance(manifest),
                           judge_rel, text, _tags(manifest), held_back, family)
     except _Bad as exc:
@@ -111,17 +112,21 @@ def _shapes(manifest: dict) -> tuple[Shape, ...]:
     return shapes
 
 
-def _workload(manifest: dict, shapes: tuple, folder: Path) -> workload.Workload:
+def _workload(manifest: dict, shapes: tuple, known: dict) -> workload.Workload:
     try:
         wl = workload.parse(manifest.get("workload"), shapes)
     except workload.WorkloadError as exc:
         raise _Bad(str(exc)) from None
-    known = read_knobs(folder / KNOBS) if wl.finalists else {}
+    plain = {k for k in known if k != "dispatch"}   # (a finalist is plain knobs, never a table)
     for patch in wl.finalists:
-        unknown = [k for k, _ in patch if k not in known or k == "dispatch"]
-        if unknown:
-            raise _Bad(f"[workload] finalists: {KNOBS} has no knob '{unknown[0]}'")
+        _knobs_known([k for k, _ in patch], plain, "[workload] finalists")
     return wl
+
+
+def _knobs_known(names, known, where: str) -> None:
+    unknown = [k for k in names if k not in known]
+    if unknown:
+        raise _Bad(f"{where}: {KNOBS} has no knob '{unknown[0]}'")
 
 
 def _held_back(manifest: dict, shapes: tuple, family: workload.Workload) -> tuple[Shape, ...]:
@@ -194,20 +199,16 @@ def _judge(repo_root: Path, judge_rel: str, folder: Path) -> Path:
     return judge
 
 
-def _candidates(manifest: dict, folder: Path) -> dict:
+def _candidates(manifest: dict, known: dict) -> dict:
     """[candidates]: per knob its values; "a+b": an entry's patches moving a and b together."""
     candidates = manifest.get("candidates", {})
     if not isinstance(candidates, dict) or not all(isinstance(v, list) and v
                                                    for v in candidates.values()):
         raise _Bad("[candidates] maps knob names to non-empty lists of values")
-    knobs_path = folder / KNOBS
-    known = read_knobs(knobs_path) if knobs_path.is_file() else None
     frozen = {}
     for key, vals in candidates.items():
         together = tuple(key.split("+")) if "+" in key else ()
-        unknown = [k for k in together or (key,) if known is not None and k not in known]
-        if unknown:
-            raise _Bad(f"[candidates] {key}: {KNOBS} has no knob '{unknown[0]}'")
+        _knobs_known(together or (key,), known, f"[candidates] {key}")
         try:
             frozen[candidates_key(together) if together else key] = (
                 patch_values(vals, together, f"[candidates] {key}") if together

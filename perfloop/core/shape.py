@@ -6,6 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+def pow2(n: int) -> int:
+    """The smallest power of two at or above n (a bucket's size class)."""
+    return 1 << max(n - 1, 0).bit_length()
+
+
 @dataclass(frozen=True)
 class Shape:
     name: str

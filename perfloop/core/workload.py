@@ -24,7 +24,7 @@ import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from perfloop.core.shape import Shape
+from perfloop.core.shape import Shape, pow2
 from perfloop.core.values import freeze
 
 DEFAULT_HELD_OUT = 3
@@ -341,11 +341,6 @@ def _fold(dims, rank: int) -> tuple[int, ...]:
     if len(dims) > rank:
         return (math.prod(dims[:len(dims) - rank + 1]), *dims[len(dims) - rank + 1:])
     return (1,) * (rank - len(dims)) + dims
-
-
-def pow2(n: int) -> int:
-    """The smallest power of two at or above n."""
-    return 1 << max(n - 1, 0).bit_length()
 
 
 def key(wl: Workload, dtype: str | None, dims: dict[str, int]) -> str:
