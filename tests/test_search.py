@@ -327,6 +327,42 @@ def test_an_entry_of_several_knobs_that_wins_on_one_bucket_is_dispatched_there(s
     assert knobs["tile"] == [1, 1024] and knobs["occupancy"] is None
 
 
+def test_an_entry_of_several_knobs_runs_in_every_bucket_like_a_one_knob_step(scratch):
+    # The headline's bucket already runs the patch (an earlier run's dispatch): the entry
+    # still runs in the plain knobs, so the other bucket is measured with it. Applied at the
+    # headline's bucket only (as a joint search's patch is), the candidate was the incumbent
+    # itself, and committing it ended the run in a git error (H100 matmul, persistent_tiles).
+    scratch.script([{"when": {"tile": [1, 2048], "occupancy": 2},
+                     "factor": {"guard": 0.8, "held:guard": 0.8}}])
+    with open(scratch.path / "playbook" / "catalog.toml", "a") as f:
+        f.write(TOGETHER_ENTRY)
+    manifest = scratch.kernel / "kernel.toml"
+    manifest.write_text(manifest.read_text() + '\n[candidates]\n'
+                        '"occupancy+tile" = [{tile = [1, 2048], occupancy = 2}]\n')
+    knobs_file = scratch.kernel / "knobs.json"
+    knobs = json.loads(knobs_file.read_text())
+    knobs["dispatch"] = {"big": {"occupancy": 2, "tile": [1, 2048]}, "small": {}}
+    knobs_file.write_text(json.dumps(knobs))
+    scratch.commit_all("the headline's bucket already runs the patch")
+    assert scratch.cli("init", "--kernel", "scripted")[0] == 0
+    code, out, _ = scratch.cli("next", "--kernel", "scripted")
+    assert "tile_occupancy" in [sg["id"] for sg in out["suggestions"]]
+    code, out, err = scratch.cli("step", "--kernel", "scripted", "--opt", "tile_occupancy")
+    assert code == 0, err   # (no gain at the headline, which ran it already: reverted)
+    rec = scratch.records()[-1]
+    assert rec["every_bucket"] is True and rec["status"] == "revert", rec["reason"]
+    assert rec["knobs"]["tile"] == [1, 2048] and rec["knobs"]["occupancy"] == 2
+    assert rec["knobs"]["dispatch"]["big"] == {"occupancy": 2, "tile": [1, 2048]}
+    assert git(scratch.path, "show", "--stat", "--format=", rec["commit"]) != ""
+    # the win at the other bucket reaches it by the dispatch that follows
+    assert out["next"][0] == "dispatch"
+    code, out, err = scratch.cli("step", "--kernel", "scripted", "--opt", "dispatch")
+    assert code == 0 and out["experiment"]["status"] == "keep", err
+    knobs = json.loads(knobs_file.read_text())
+    assert knobs["dispatch"] == {"big": {"occupancy": 2, "tile": [1, 2048]},
+                                 "small": {"occupancy": 2, "tile": [1, 2048]}}
+
+
 def test_a_dispatch_that_regresses_in_one_bucket_is_kept_in_the_other(scratch):
     # 1x2048 wins the big bucket, 1x4096 the small one at its benchmark shape but loses at
     # the small bucket's held-back shape: the dispatch of both keeps big's entry only

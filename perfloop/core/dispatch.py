@@ -26,6 +26,7 @@ from perfloop.core.dispatch_table import (  # noqa: F401  (kernels and judges re
     declared_name,
     knobs_for,
     merged,
+    patch_everywhere,
     set_everywhere,
     table,
 )

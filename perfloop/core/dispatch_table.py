@@ -71,6 +71,14 @@ def set_everywhere(knobs: dict, knob: str, value) -> dict:
     return out
 
 
+def patch_everywhere(knobs: dict, patch: dict) -> dict:
+    """The knobs with each of a catalog entry's knobs set everywhere (set_everywhere): an
+    entry that moves several knobs runs in every bucket as a one-knob step does."""
+    for knob, value in patch.items():
+        knobs = set_everywhere(knobs, knob, value)
+    return knobs
+
+
 def declared_name(patch: tuple) -> str:
     """How a finalist kernel.toml's [workload] declares ((knob, value) pairs) is named in
     routes, warnings, the tuning cache and the judge's labels: by its values, exactly, so no

@@ -177,16 +177,16 @@ class Suggestion:
 def candidates_for(opt: Optimization, knobs: dict, overrides: dict, space=None) -> tuple:
     """The values an iteration of `opt` would measure: every candidate but those that build
     the incumbent's kernel in every bucket (a one-knob step runs its value in the dispatch
-    entries that set its knob too: dispatch_table.set_everywhere), and, by the kernel's knob
+    entries that set its knob too: dispatch_table.set_everywhere; an entry of several knobs
+    each of its knobs so: patch_everywhere), and, by the kernel's knob
     space (perfloop.core.knobspace.Space), but those that build the same kernel or that its
     restrict() rules out in some bucket."""
     values = overrides.get(opt.key, opt.values)
-    if opt.knobs:  # patches: one that changes nothing is no candidate
-        return tuple(v for v in values if any(knobs.get(k) != x for k, x in v.items())
-                     and not (space and not space.worth(knobs, {**knobs, **v})))
     out = []
     for v in values:
-        changed = dispatch_table.set_everywhere(knobs, opt.knob, v)
+        # an entry of several knobs: its patch set everywhere, each knob as a one-knob step's
+        changed = (dispatch_table.patch_everywhere(knobs, v) if opt.knobs
+                   else dispatch_table.set_everywhere(knobs, opt.knob, v))
         if space is None:
             fits = dispatch_table.moves_anywhere(knobs, changed)
         else:

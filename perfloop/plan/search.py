@@ -103,7 +103,7 @@ def dispatch_changes(recs: list[dict], incumbent: str, knobs: dict,
     changes, said, gains = {}, [], []
     for bucket, (label, gain) in winners.items():
         if knob == MULTI:
-            ran = dispatch.knobs_for(apply_joint(before, values[label], where), bucket)
+            ran = dispatch.knobs_for(applied_patch(record, before, values[label], where), bucket)
             now = dispatch.knobs_for(knobs, bucket)
             entry = {k: thaw(v) for k, v in ran.items() if freeze(now.get(k)) != freeze(v)}
             if not entry:
@@ -187,6 +187,14 @@ def apply_joint(knobs: dict, patch: dict, bucket: str | None) -> dict:
     if routed:
         out[dispatch.KEY] = dispatch.merged(table, {bucket: routed})
     return out
+
+
+def applied_patch(record: dict, knobs: dict, patch: dict, bucket: str | None) -> dict:
+    """What a recorded patch ran: a catalog entry's in every bucket ("every_bucket"), a
+    joint search's where the headline runs."""
+    if record.get("every_bucket"):
+        return dispatch.patch_everywhere(knobs, {k: freeze(v) for k, v in patch.items()})
+    return apply_joint(knobs, patch, bucket)
 
 
 def measured_buckets(recs: list[dict], headline: str) -> list[str]:
@@ -457,7 +465,7 @@ def measured_configs(recs: list[dict], knobs: dict, headline: str,
         for label, value in patches.items():
             if knob in (MULTI, dispatch.KEY) and not isinstance(value, dict):
                 continue
-            applied = (apply_joint(base, value, routed) if knob == MULTI
+            applied = (applied_patch(record, base, value, routed) if knob == MULTI
                        else {**base, knob: value} if knob == dispatch.KEY
                        else dispatch.set_everywhere(base, knob, freeze(value))
                        if record.get("every_bucket") else {**base, knob: freeze(value)})

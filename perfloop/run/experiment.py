@@ -171,12 +171,12 @@ def propose_variants(t: Trial) -> None:
     else:
         from perfloop.plan import search
         opt, recs = proposal.optimization, [r.to_dict() for r in s.records()]
-        # a joint patch holds where the headline runs
+        # a joint search's patch holds where the headline runs; a catalog entry's everywhere
         bucket = (search.headline_bucket(recs, s.spec.headline.name)
-                  if opt.knob == naming.MULTI else None)
+                  if opt.knob == naming.MULTI and not opt.knobs else None)
         measured = search.measured_buckets(recs, s.spec.headline.name)
         candidates = [{"label": label_for(i), "folder": s.spec.folder,
-                       "knobs": _with_measured(_knobs_with(t.incumbent_knobs, opt.knob, v,
+                       "knobs": _with_measured(_knobs_with(t.incumbent_knobs, opt, v,
                                                            bucket), measured)}
                       for i, v in enumerate(proposal.values)]
     t.variants = [incumbent] + ([] if t.kind == Kind.BASELINE else candidates)
@@ -191,13 +191,15 @@ def _with_measured(knobs: dict, measured: list[str]) -> dict:
     return {**knobs, dispatch.KEY: table} if table else knobs
 
 
-def _knobs_with(knobs: dict, knob: str, value, bucket: str | None) -> dict:
-    if knob == naming.MULTI:
+def _knobs_with(knobs: dict, opt, value, bucket: str | None) -> dict:
+    if opt.knob == naming.MULTI and opt.knobs:   # a catalog entry of several knobs
+        return dispatch.patch_everywhere(knobs, value)   # (record: "every_bucket")
+    if opt.knob == naming.MULTI:
         from perfloop.plan import search
         return search.apply_joint(knobs, value, bucket)
-    if knob == dispatch.KEY:
-        return {**knobs, knob: value}
-    return dispatch.set_everywhere(knobs, knob, value)   # (record: "every_bucket")
+    if opt.knob == dispatch.KEY:
+        return {**knobs, opt.knob: value}
+    return dispatch.set_everywhere(knobs, opt.knob, value)   # (record: "every_bucket")
 
 
 def screen(t: Trial) -> None:
@@ -456,7 +458,8 @@ def record_trial(t: Trial, verdict: decide.Verdict, commit: str) -> records.Expe
         "phases_s": {**t.phase_s, "total": phases.elapsed(t.t0)},
         "compile_ahead": t.compile_ahead, "started_at": t.started, "finished_at": time.time(),
     }
-    if t.kind == Kind.PLAYBOOK and knob not in (None, naming.MULTI, dispatch.KEY):
+    if t.kind == Kind.PLAYBOOK and (knob not in (None, naming.MULTI, dispatch.KEY)
+                                    or t.proposal.optimization.knobs):
         line["every_bucket"] = True   # its values ran in every bucket's entry too
     if t.proposal.sampler:  # a joint search: what chose its configs, out of how many
         line["sampler"] = t.proposal.sampler

@@ -277,7 +277,10 @@ def commit_folder(repo: git.Repo, folder_rel: str, message: str) -> str:
     """Commit the folder's changes only, whatever else is staged or modified."""
     repo.git.add("-A", "--", folder_rel)
     env = {**os.environ, **_identity_env(repo)}
-    repo.git.commit("--no-verify", "-m", message, "--", folder_rel, env=env)  # (and no hook)
+    # --allow-empty: a step that built what was there already is still an experiment with a
+    # commit of its own (git would refuse it and end the run)
+    repo.git.commit("--no-verify", "--allow-empty", "-m", message, "--", folder_rel,
+                    env=env)  # (and no hook)
     sha = head(repo)
     crashpoint("committed")  # a kill right after a commit, before anyone recorded it
     return sha
