@@ -266,6 +266,20 @@ def test_step_argument_mistakes(started, args, message):
     assert_one_line(err, message)
 
 
+def test_an_edit_staged_then_undone_is_nothing_to_judge(started):
+    # `git status` still lists it (staged, then changed back in the working tree); judged,
+    # it would time the incumbent against itself (before: git's empty commit, a traceback)
+    kernel = started.kernel / "kernel.py"
+    text = kernel.read_text()
+    kernel.write_text(text + "# a comment\n")
+    git(started.path, "add", str(kernel))
+    kernel.write_text(text)
+    code, _, err = human(started.path, "step", "--kernel", "scripted", "--describe", "undone")
+    assert code == 2
+    assert_one_line(err, "nothing to judge")
+    assert len(started.records()) == 1
+
+
 def test_check_argument_mistakes(scratch):
     code, _, err = human(scratch.path, "check", "--kernel", "scripted", "--arch", "hopper")
     assert code == 2

@@ -74,8 +74,8 @@ def set_everywhere(knobs: dict, knob: str, value) -> dict:
 def patch_everywhere(knobs: dict, patch: dict) -> dict:
     """The knobs with each of a catalog entry's knobs set everywhere (set_everywhere): an
     entry that moves several knobs runs in every bucket as a one-knob step does."""
-    for knob, value in patch.items():
-        knobs = set_everywhere(knobs, knob, value)
+    for knob, value in patch.items():   # (frozen: a patch read back from state.json has lists)
+        knobs = set_everywhere(knobs, knob, freeze(value))
     return knobs
 
 

@@ -149,7 +149,7 @@ def prepare_step(s: Session, kind: Kind) -> None:
     s.require_no_outside_changes()
     s.require_pinned()
     inside = s.changes_inside_folder()
-    if kind == Kind.AGENT and not inside:
+    if kind == Kind.AGENT and not (inside and gitops.differs_from_head(s.repo, s.folder_rel)):
         raise UserError(f"nothing to judge: no uncommitted changes inside {s.folder_rel}/")
     if kind == Kind.PLAYBOOK and inside:
         _refuse_edits_inside(s, inside)

@@ -145,6 +145,14 @@ def status_paths(repo: git.Repo, untracked: bool = False) -> list[str]:
     return paths
 
 
+def differs_from_head(repo: git.Repo, folder_rel: str) -> bool:
+    """Whether the folder's files differ from HEAD's, untracked ones included: an edit staged
+    and then undone in the working tree shows in `status` but changes nothing."""
+    if repo.git.diff("HEAD", "--name-only", "--", folder_rel).strip():
+        return True
+    return bool(repo.git.ls_files("--others", "--exclude-standard", "--", folder_rel).strip())
+
+
 def listing(paths: list[str], most: int = 5) -> str:
     return ", ".join(paths[:most]) + (" ..." if len(paths) > most else "")
 
@@ -277,10 +285,7 @@ def commit_folder(repo: git.Repo, folder_rel: str, message: str) -> str:
     """Commit the folder's changes only, whatever else is staged or modified."""
     repo.git.add("-A", "--", folder_rel)
     env = {**os.environ, **_identity_env(repo)}
-    # --allow-empty: a step that built what was there already is still an experiment with a
-    # commit of its own (git would refuse it and end the run)
-    repo.git.commit("--no-verify", "--allow-empty", "-m", message, "--", folder_rel,
-                    env=env)  # (and no hook)
+    repo.git.commit("--no-verify", "-m", message, "--", folder_rel, env=env)  # (and no hook)
     sha = head(repo)
     crashpoint("committed")  # a kill right after a commit, before anyone recorded it
     return sha
