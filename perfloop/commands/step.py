@@ -83,8 +83,7 @@ def _playbook_proposal(s: Session, opt_id: str, value_text: str | None) -> Propo
     if value not in allowed:
         raise UserError(f"value {value_text} is not a candidate of '{opt.id}' (candidates: "
                         f"{', '.join(json.dumps(thaw(v)) for v in allowed)})")
-    changed = (dispatch_table.patch_everywhere(knobs, value) if opt.knobs
-               else dispatch_table.set_everywhere(knobs, opt.knob, value))
+    changed = decide.step_knobs(opt, knobs, value)
     if (all(changed[k] == knobs[k] for k in opt.moves)
             and dispatch_table.table(changed) == dispatch_table.table(knobs)):
         raise UserError(f"the incumbent already has {what}={value_text}")

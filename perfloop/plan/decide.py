@@ -174,6 +174,16 @@ class Suggestion:
     sampler: dict | None = None   # what chose a joint search's configs (search.JointPlan)
 
 
+def step_knobs(opt: Optimization, knobs: dict, value) -> dict:
+    """What a catalog step of `opt` at `value` runs: the value in the plain knobs and in every
+    dispatch entry that sets its knob (for an entry of several knobs, each of them so). The
+    planner, `step --value` and the experiment all read it here, so that what is offered is
+    what runs."""
+    if opt.knobs:
+        return dispatch_table.patch_everywhere(knobs, value)
+    return dispatch_table.set_everywhere(knobs, opt.knob, value)
+
+
 def candidates_for(opt: Optimization, knobs: dict, overrides: dict, space=None) -> tuple:
     """The values an iteration of `opt` would measure: every candidate but those that build
     the incumbent's kernel in every bucket (a one-knob step runs its value in the dispatch
@@ -184,9 +194,7 @@ def candidates_for(opt: Optimization, knobs: dict, overrides: dict, space=None) 
     values = overrides.get(opt.key, opt.values)
     out = []
     for v in values:
-        # an entry of several knobs: its patch set everywhere, each knob as a one-knob step's
-        changed = (dispatch_table.patch_everywhere(knobs, v) if opt.knobs
-                   else dispatch_table.set_everywhere(knobs, opt.knob, v))
+        changed = step_knobs(opt, knobs, v)
         if space is None:
             fits = dispatch_table.moves_anywhere(knobs, changed)
         else:

@@ -193,7 +193,7 @@ def applied_patch(record: dict, knobs: dict, patch: dict, bucket: str | None) ->
     """What a recorded patch ran: a catalog entry's in every bucket ("every_bucket"), a
     joint search's where the headline runs."""
     if record.get("every_bucket"):
-        return dispatch.patch_everywhere(knobs, {k: freeze(v) for k, v in patch.items()})
+        return dispatch.patch_everywhere(knobs, patch)
     return apply_joint(knobs, patch, bucket)
 
 

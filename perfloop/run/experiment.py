@@ -192,14 +192,12 @@ def _with_measured(knobs: dict, measured: list[str]) -> dict:
 
 
 def _knobs_with(knobs: dict, opt, value, bucket: str | None) -> dict:
-    if opt.knob == naming.MULTI and opt.knobs:   # a catalog entry of several knobs
-        return dispatch.patch_everywhere(knobs, value)   # (record: "every_bucket")
-    if opt.knob == naming.MULTI:
+    if opt.knob == naming.MULTI and not opt.knobs:   # a joint search's patch
         from perfloop.plan import search
         return search.apply_joint(knobs, value, bucket)
     if opt.knob == dispatch.KEY:
         return {**knobs, opt.knob: value}
-    return dispatch.set_everywhere(knobs, opt.knob, value)   # (record: "every_bucket")
+    return decide.step_knobs(opt, knobs, value)   # a catalog step (record: "every_bucket")
 
 
 def screen(t: Trial) -> None:
