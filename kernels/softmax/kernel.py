@@ -5,7 +5,8 @@ Every knob in knobs.json is a compile-time constant or a kernel hint:
   memory_path      "load_store": tiles through ct.load/ct.store (TMA where allowed);
                    "gather_scatter": the same tiles through ct.gather/ct.scatter
   tile             [rows, cols]: rows per block, and columns per tile along n (0: the whole
-                   row, padded to a power of two, in one tile). With cols < n the block reads
+                   row, padded to a power of two, in one tile, up to WHOLE_MAX columns; a
+                   wider row is read in tiles of WIDE_COLS). With cols < n the block reads
                    its rows twice: an online pass for the running max and sum, then a pass
                    that writes exp(x - max) / sum
   block_elems      when set, rows per block = block_elems / columns per tile (at least 1),
@@ -36,6 +37,11 @@ NEG_INF = ct.PaddingMode.NEG_INF
 APPROX = ct.RoundingMode.APPROX
 LOG2E = 1.0 / math.log(2.0)
 PERSISTENT_OCCUPANCY = 4  # blocks per SM of a persistent grid when occupancy is unset
+# A whole row in one tile is held in registers as float32: past 32768 columns it spills. On
+# an H100 (perfloop's device clock) bf16 1000 x 50304 as one 65536-column tile ran 533 us,
+# in 4096-column tiles 131 (Triton 100); fp32 2048 x 50304 1279 against 420 (Triton 417).
+WHOLE_MAX = 32768
+WIDE_COLS = 4096
 DTYPES = kt.dtypes()
 KNOBS = Path(__file__).resolve().parent / "knobs.json"
 
@@ -125,6 +131,8 @@ def _geometry(knobs: dict, m: int, n: int, sms: int) -> tuple[int, int]:
     rows, cols = knobs["tile"]
     whole = _pow2(n)
     tn = whole if not cols or cols >= whole else cols
+    if tn > WHOLE_MAX:
+        tn = WIDE_COLS
     if knobs["block_elems"]:
         rows = max(1, knobs["block_elems"] // tn)
     return kt.fill_rows(rows, m, sms), tn
