@@ -72,3 +72,17 @@ def test_competitors_are_empty_without_triton(monkeypatch):
                         lambda name, *a: None if name == "triton" else real(name, *a))
     assert kernel.triton_competitor(ROOT / "kernels" / "rmsnorm", "triton_rmsnorm.py",
                                     "triton_rmsnorm") == {}
+
+
+def test_torch_compile_keeps_a_compile_for_every_shape_bench_times():
+    """bench compiles the reference once per shape (dynamic=False), all for one code object:
+    past dynamo's recompile limit (8) a further shape would silently run eager, so the
+    torch.compile launcher lifts it before compiling anything."""
+    from perfloop.child import launcher
+
+    torch._dynamo.config.recompile_limit = 8
+    launch = launcher.build({"kind": "compile",
+                             "contract_folder": str(ROOT / "tests" / "readme_kernel" / "kernel")})
+    assert callable(launch)
+    assert torch._dynamo.config.recompile_limit >= 32
+    assert torch._dynamo.config.accumulated_recompile_limit >= 32

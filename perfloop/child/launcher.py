@@ -23,6 +23,9 @@ from perfloop.core.lifeline import guard_parent
 from perfloop.core.values import freeze
 
 
+COMPILE_LIMIT = 1024   # torch.compile's compiles of one function (one per shape) kept
+
+
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
@@ -44,7 +47,16 @@ def build(setup: dict):
         return lambda inputs, out, *extra: contract.reference(*inputs)
     if kind == "compile":  # compiled once per shape, dynamic=False, as for a fixed shape
         import torch
+        import torch._dynamo
 
+        # Every shape's compile guards the same code object; past dynamo's recompile limit
+        # (8) a further shape silently runs eager (an H100 bench of softmax's 9 shapes read
+        # torch.compile 8.2 us at 11782 x 128, 4.8 with 8 shapes), so lift it.
+        for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
+                     "accumulated_cache_size_limit"):
+            if hasattr(torch._dynamo.config, name):
+                setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name),
+                                                        COMPILE_LIMIT))
         compiled: dict = {}
 
         def launch(inputs, out, *extra):
