@@ -4,8 +4,9 @@ kernel.toml's [workload] declares) is launched a few times on the caller's own i
 fastest is kept in memory and on disk (perfloop.core.autotune.DiskCache), and every later
 launch in that bucket runs it.
 
-Timed with the kernel's own Clock where it has one (a CPU-timed kernel), on a GPU by device
-time as the timer takes it (perfloop.core.device_clock), else the wall clock. The output is
+Timed with the kernel's own Clock where it has one (a CPU-timed kernel), on a GPU by the
+device time of one call (perfloop.core.device_clock; the loop's timer times launches back to
+back instead), else the wall clock. The output is
 written by the finalist that runs last, the winner, so what the caller gets is the winner's
 result.
 """
