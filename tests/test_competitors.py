@@ -74,13 +74,17 @@ def test_competitors_are_empty_without_triton(monkeypatch):
                                     "triton_rmsnorm") == {}
 
 
-def test_torch_compile_keeps_a_compile_for_every_shape_bench_times():
+def test_torch_compile_keeps_a_compile_for_every_shape_bench_times(monkeypatch):
     """bench compiles the reference once per shape (dynamic=False), all for one code object:
     past dynamo's recompile limit (8) a further shape would silently run eager, so the
     torch.compile launcher lifts it before compiling anything."""
+    import torch._dynamo
+
     from perfloop.child import launcher
 
-    torch._dynamo.config.recompile_limit = 8
+    # dynamo's defaults, restored after the test (the launcher sets them process-wide)
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
+    monkeypatch.setattr(torch._dynamo.config, "accumulated_recompile_limit", 256)
     launch = launcher.build({"kind": "compile",
                              "contract_folder": str(ROOT / "tests" / "readme_kernel" / "kernel")})
     assert callable(launch)
