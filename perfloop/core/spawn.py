@@ -84,34 +84,79 @@ def kill_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def descendants(pid: int | None = None) -> list[int]:
-    """Every living process below `pid` (default: this one), from /proc."""
-    parents: dict[int, list[int]] = {}
+def process_table() -> dict[int, tuple[int, int | None]]:
+    """{pid: (parent pid, session id)} of every living process, from /proc, in one pass."""
+    out: dict[int, tuple[int, int | None]] = {}
     for entry in os.scandir("/proc") if os.path.isdir("/proc") else ():
         if entry.name.isdigit():
             try:
                 with open(f"/proc/{entry.name}/stat", "rb") as f:
-                    ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+                    fields = f.read().rsplit(b")", 1)[1].split()
+                out[int(entry.name)] = (int(fields[1]), int(fields[4]))
             except (OSError, ValueError, IndexError):
                 continue
-            parents.setdefault(ppid, []).append(int(entry.name))
-    out, todo = [], [pid or os.getpid()]
+    return out
+
+
+def descendants_in(table: dict[int, tuple[int, int | None]], pid: int) -> list[int]:
+    """Every process below `pid` in a process_table."""
+    children: dict[int, list[int]] = {}
+    for child, (parent, _session) in table.items():
+        children.setdefault(parent, []).append(child)
+    out, todo = [], [pid]
     while todo:
-        for child in parents.get(todo.pop(), ()):
+        for child in children.get(todo.pop(), ()):
             out.append(child)
             todo.append(child)
     return out
+
+
+def descendants(pid: int | None = None) -> list[int]:
+    """Every living process below `pid` (default: this one), from /proc."""
+    return descendants_in(process_table(), pid or os.getpid())
+
+
+def kill_pids(pids: list[int]) -> None:
+    """SIGKILL each of `pids` (gone ones are skipped)."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def wait_gone(pids: list[int], timeout_s: float) -> None:
+    """Until each of `pids` is dead (reaped here where it is this process's child, a zombie
+    elsewhere) or `timeout_s` has passed: its children come back to their subreaper only
+    once it has died."""
+    import time
+
+    until = time.monotonic() + timeout_s
+    left = set(pids)
+    while left and time.monotonic() < until:
+        for pid in list(left):
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                    left.discard(pid)
+                    continue
+            except ChildProcessError:
+                pass
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    state = f.read().rsplit(b")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                state = b"Z"
+            if state in (b"Z", b"X"):
+                left.discard(pid)
+        if left:
+            time.sleep(0.005)
 
 
 def kill_descendants(pid: int | None = None, spare: frozenset[int] | set[int] = frozenset()) -> int:
     """SIGKILL every process below `pid` (default: this one) but those in `spare`; how many
     there were. With become_subreaper, that includes daemons that left their session."""
     found = [child for child in descendants(pid) if child not in spare]
-    for child in found:
-        try:
-            os.kill(child, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+    kill_pids(found)
     for child in found:  # reap those that are ours, so none stays a zombie
         try:
             os.waitpid(child, os.WNOHANG)

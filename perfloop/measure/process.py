@@ -36,25 +36,34 @@ def kill_strays() -> int:
     """Kill the processes that came to this one (a subreaper: perfloop.cli makes it one) in a
     session of their own without being started by it: daemons that kernel code left, once
     their parent died (this process's own helpers: GitPython's are registered, torch's
-    shared-memory manager is known by its program).
-    Returns how many."""
+    shared-memory manager is known by its program), and everything below each of them, in
+    one pass: a daemon that keeps a child of its own must not see that child come back here
+    after the sweep, alive. Sweeps again until one finds nothing. Returns how many."""
+    killed = 0
+    for _ in range(STRAY_SWEEPS):
+        found = _strays()
+        if not found:
+            break
+        spawn.kill_pids(found)
+        killed += len(found)
+        spawn.wait_gone(found, timeout_s=1.0)
+    return killed
+
+
+STRAY_SWEEPS = 20
+
+
+def _strays() -> list[int]:
+    """The strays below this process and all their descendants (see kill_strays)."""
     import os
 
-    me, killed = os.getpid(), 0
-    for pid in spawn.descendants():
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                parent = int(f.read().rsplit(b")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        if parent == me and pid not in _LIVE | spawn.OWN_HELPERS \
-                and _session(pid) not in (None, _session(me)) and not spawn.torch_shm_manager(pid):
-            try:
-                os.killpg(pid, 9) if os.getpgid(pid) == pid else os.kill(pid, 9)
-                killed += 1
-            except (ProcessLookupError, PermissionError):
-                pass
-    return killed
+    me = os.getpid()
+    mine, tree = _session(me), spawn.process_table()
+    roots = [pid for pid, (parent, session) in tree.items()
+             if parent == me and pid not in _LIVE | spawn.OWN_HELPERS
+             and session not in (None, mine)
+             and not spawn.torch_shm_manager(pid)]
+    return [pid for root in roots for pid in (root, *spawn.descendants_in(tree, root))]
 
 
 @dataclass(frozen=True)

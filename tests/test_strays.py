@@ -1,0 +1,93 @@
+"""Daemons that kernel code leaves are killed when its phase ends, with everything below them:
+a daemon that keeps a child of its own (the child's parent is the daemon when perfloop sweeps,
+so it is no stray yet) must not come back to perfloop alive after the sweep, as a red-team
+kernel's did (it then slowed the incumbent's launchers through the timing phase)."""
+
+import json
+import subprocess
+import sys
+
+from conftest import pythonpath
+
+# A subreaper (as perfloop's CLI is) runs a "judge" in a session of its own; kernel code there
+# leaves a decoy in a new session, and below the decoy a second daemon in another. The judge
+# ends; the decoy comes to the subreaper; kill_strays runs. Then: is anything of theirs alive?
+SCENE = r"""
+import json, os, signal, sys, time
+from perfloop.core import spawn
+from perfloop.measure import process
+
+spawn.become_subreaper()
+r, w = os.pipe()
+judge = os.fork()
+if judge == 0:
+    os.setsid()
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):             # (the test reads this process's output to its end)
+        os.dup2(null, fd)
+    if os.fork() == 0:               # the decoy, a session of its own
+        os.setsid()
+        os.write(w, f"{os.getpid()}\n".encode())
+        if os.fork() == 0:           # below it, the daemon that matters
+            os.setsid()
+            os.write(w, f"{os.getpid()}\n".encode())
+            while True:
+                time.sleep(1)
+        while True:
+            time.sleep(1)
+    time.sleep(0.2)
+    os._exit(0)
+pids = os.fdopen(r)
+decoy, deep = int(pids.readline()), int(pids.readline())
+os.waitpid(judge, 0)
+keeper = None
+if sys.argv[1] == "live":            # a child perfloop runs (a phase), with one of its own
+    keeper = os.fork()
+    if keeper == 0:
+        os.setsid()
+        while True:
+            time.sleep(1)
+    process._LIVE.add(keeper)
+def parent(pid):
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        return int(f.read().rsplit(b")", 1)[1].split()[1])
+
+until = time.monotonic() + 5
+while time.monotonic() < until and parent(decoy) != os.getpid():
+    time.sleep(0.01)
+killed = process.kill_strays()
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except OSError:
+        return False
+
+print(json.dumps({"killed": killed, "deep_alive": alive(deep),
+                  "keeper_alive": keeper is not None and alive(keeper)}))
+for pid in (decoy, deep, keeper):
+    if pid:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+"""
+
+
+def _scene(mode: str) -> dict:
+    done = subprocess.run([sys.executable, "-c", SCENE, mode], capture_output=True, text=True,
+                          timeout=60, env={"PYTHONPATH": pythonpath(), "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_a_daemon_below_a_daemon_dies_with_it():
+    seen = _scene("plain")
+    assert not seen["deep_alive"], seen
+    assert seen["killed"] >= 2, seen
+
+
+def test_a_phase_still_running_is_no_stray():
+    seen = _scene("live")
+    assert seen["keeper_alive"] and not seen["deep_alive"], seen
