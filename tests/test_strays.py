@@ -40,6 +40,10 @@ if judge == 0:
 pids = os.fdopen(r)
 decoy, deep = int(pids.readline()), int(pids.readline())
 os.waitpid(judge, 0)
+same = os.fork()                      # perfloop's own child, in its own session: no stray
+if same == 0:
+    while True:
+        time.sleep(1)
 keeper = None
 if sys.argv[1] == "live":            # a child perfloop runs (a phase), with one of its own
     keeper = os.fork()
@@ -64,9 +68,9 @@ def alive(pid):
     except OSError:
         return False
 
-print(json.dumps({"killed": killed, "deep_alive": alive(deep),
+print(json.dumps({"killed": killed, "deep_alive": alive(deep), "same_alive": alive(same),
                   "keeper_alive": keeper is not None and alive(keeper)}))
-for pid in (decoy, deep, keeper):
+for pid in (decoy, deep, keeper, same):
     if pid:
         try:
             os.kill(pid, signal.SIGKILL)
@@ -86,6 +90,7 @@ def test_a_daemon_below_a_daemon_dies_with_it():
     seen = _scene("plain")
     assert not seen["deep_alive"], seen
     assert seen["killed"] >= 2, seen
+    assert seen["same_alive"], seen
 
 
 def test_a_phase_still_running_is_no_stray():

@@ -86,13 +86,14 @@ def kill_group(proc: subprocess.Popen) -> None:
 
 def process_table() -> dict[int, tuple[int, int | None]]:
     """{pid: (parent pid, session id)} of every living process, from /proc, in one pass."""
+    # after the command in /proc/<pid>/stat: state is field 3, the parent 4, the session 6
     out: dict[int, tuple[int, int | None]] = {}
     for entry in os.scandir("/proc") if os.path.isdir("/proc") else ():
         if entry.name.isdigit():
             try:
                 with open(f"/proc/{entry.name}/stat", "rb") as f:
                     fields = f.read().rsplit(b")", 1)[1].split()
-                out[int(entry.name)] = (int(fields[1]), int(fields[4]))
+                out[int(entry.name)] = (int(fields[1]), int(fields[3]))
             except (OSError, ValueError, IndexError):
                 continue
     return out
