@@ -80,6 +80,15 @@ def test_rewriting_the_clocks_of_its_own_process_gains_nothing(scratch):
     assert e["correctness"] == "PASS"  # (its hashing may even cost: "regression")
 
 
+def test_deprioritizing_the_other_launchers_gains_nothing(scratch):
+    """It gives the incumbent's and the control's launchers SCHED_IDLE and nice 19 from its own
+    (a change that outlives its turn; the scripted launch then takes twice its time): each
+    batch runs with the timer's scheduling, set back before it (or, where it cannot be set
+    back, nothing of the experiment is timed)."""
+    e = _step(scratch, "deprioritize", env=REAL_CLOCK)
+    _not_kept(e)
+
+
 def test_less_work_on_inputs_it_has_seen_gains_nothing(scratch):
     """It remembers results by the content of its inputs (a tenth of the time when they come
     again): they never do, every timed launch runs on inputs drawn for it."""

@@ -35,7 +35,7 @@ from perfloop.core.playbook import Measure
 from perfloop.core.sandbox import Confinement, kernel_env, linked_cache
 from perfloop.core.values import freeze
 from perfloop.core.vocab import CONTROL, INCUMBENT, Outcome
-from perfloop.referee import ceilings
+from perfloop.referee import ceilings, scheduling
 from perfloop.referee.launchers import GpuClock, Launcher, LauncherFailed, WallClock
 from perfloop.referee.slots import Checked, Slots
 
@@ -72,6 +72,7 @@ class Timer:
         self.failed: dict[str, dict] = {}  # label -> {reason, kind}
         self.reply_s = float(spec.get("reply_timeout_s", 300))
         self._own = _own_helpers()   # before any kernel code exists
+        self.sched = scheduling.own()  # what every timed batch runs with
         forked = self._fork_launchers(spec["variants"])  # first: see perfloop.referee.launchers
         self.rng = random.Random(os.urandom(16))
         self.contract = import_module(Path(spec["contract_folder"]), "contract")
@@ -207,36 +208,62 @@ class Timer:
             except LauncherFailed as exc:
                 self._lost(exc)
 
-    def _sweep(self) -> None:
+    def _sweep(self) -> dict[int, list[int]]:
         """Between turns no process runs below the timer but its launchers and their groups
         (stopped with them): whatever kernel code started in a session of its own (a daemon
-        comes back here: the timer is a subreaper) is killed before another variant's turn."""
-        groups = {launcher.proc.pid for launcher in self.launchers.values()}
+        comes back here: the timer is a subreaper) is killed before another variant's turn.
+        Returns the processes of each launcher's group, by group."""
+        groups: dict[int, list[int]] = {launcher.proc.pid: []
+                                        for launcher in self.launchers.values()}
         for pid in spawn.descendants():
             # a launcher's own group is stopped with it between turns; the timer's own helpers
             # (torch's shared-memory manager) were there before any kernel code
-            if _group(pid) in groups or pid in self._own:
+            group = _group(pid)
+            if group in groups:
+                groups[group].append(pid)
+                continue
+            if pid in self._own:
                 continue
             try:
                 os.kill(pid, 9)
             except (ProcessLookupError, PermissionError):
                 pass
+        return groups
+
+    def _turn(self, label: str) -> list[int]:
+        """Before a launcher's batch: strays killed, and its processes set back to the timer's
+        own scheduling (perfloop.referee.scheduling), which another launcher may have changed.
+        Returns its processes."""
+        launcher = self.launchers[label]
+        mine = self._sweep().get(launcher.proc.pid) or [launcher.proc.pid]
+        failed = scheduling.reset(mine, self.sched)
+        if failed:
+            raise LauncherFailed(label, "its scheduling was changed and could not be set back "
+                                        f"({failed[0]}): no batch of it can be timed fairly")
+        return mine
+
+    def _after_turn(self, label: str, mine: list[int]) -> None:
+        gained = scheduling.gained(mine, self.sched)
+        if gained:
+            raise LauncherFailed(label, f"changed its own scheduling while timed: {gained[0]}")
 
     def _batch(self, label: str, slots: Slots, n: int, check: bool, shape: Shape,
                round_index: int, checked: dict) -> float | None:
         """One timed batch of `n` launches; ms per launch, or None when host time got in."""
-        self._sweep()
+        mine = self._turn(label)
         drawn = slots.refill(n, CHECKS_PER_BATCH if check else 0)
         launcher = self.launchers[label]
         copy = lambda: slots.copy(drawn)  # noqa: E731 (read inside the bracket)
         if self.gpu:
             pad = self.pads.setdefault(shape.name, 200.0)
             batch = self.clock.batch(launcher, n, copy, pad, self.reply_s)
+            self._after_turn(label, mine)
             if batch.host_bound:
                 self._longer_pad(label, shape, pad)
                 return None
         else:
             batch = self.clock.batch(launcher, n, copy)
+            self._after_turn(label, mine)
         if drawn:
             self._check(label, slots, drawn, batch.copies, shape, round_index, checked)
         key = (shape.name, len(drawn))
@@ -292,6 +319,7 @@ class Timer:
         key, samples, launcher = (shape.name, check), [], self.launchers[INCUMBENT]
         copy = lambda: slots.copy(range(check))  # noqa: E731
         while len(samples) < 5:
+            self._turn(INCUMBENT)  # (an empty batch too: its time is taken off every batch)
             if self.gpu:
                 pad = self.pads.setdefault(shape.name, 200.0)
                 batch = self.clock.batch(launcher, 0, copy, pad, self.reply_s)
