@@ -209,3 +209,16 @@ def test_a_timer_started_ahead_leaves_cutile_to_its_launchers(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": pythonpath()}, check=True).stdout
     assert out.split() == ["False", "True"]
+
+
+def test_a_fifo_in_the_kernel_folder_stalls_no_trusted_process(scratch):
+    """A FIFO beside a real edit: perfloop compares, digests and judges the folder's files
+    and reads its children's logs without waiting on one (it once waited in open())."""
+    code, out, err = scratch.cli("init", "--kernel", "scripted")
+    assert code == 0, err
+    os.mkfifo(scratch.kernel / "pipe.py")
+    with open(scratch.kernel / "kernel.py", "a") as f:
+        f.write("\n# an edit beside the FIFO\n")
+    code, out, err = scratch.cli("step", "--kernel", "scripted", "--describe", "fifo",
+                                 timeout=240)
+    assert code in (0, 1) and out["experiment"]["status"] in ("keep", "revert", "crash"), err

@@ -35,10 +35,12 @@ import hashlib
 import importlib.util
 import json
 import math
+import os
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from perfloop.core import plainfile
 from perfloop.core.errors import UserError
 from perfloop.core.shape import Shape, _items, pow2  # noqa: F401  (the contract's)
 from perfloop.core.values import freeze, thaw
@@ -113,9 +115,11 @@ def knobs_text(knobs: dict) -> str:
 
 def read_knobs(path: Path) -> dict:
     try:
-        text = path.read_text(encoding="utf-8")
+        text = plainfile.read_text(path)
     except FileNotFoundError:
         raise UserError(f"{path} is missing") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path} is unreadable: {exc.strerror if isinstance(exc, OSError) else exc}") from None
     return parse_knobs(text, str(path))
 
 
@@ -174,6 +178,11 @@ def code_digest(folder: Path) -> str:
     only in knobs share it, and with it their compile cache)."""
     h = hashlib.sha256()
     for path in sorted(Path(folder).rglob("*")):
-        if path.is_file() and path.name != KNOBS and "__pycache__" not in path.parts:
-            h.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes())
+        if path.name == KNOBS or "__pycache__" in path.parts:
+            continue
+        name = str(path.relative_to(folder)).encode() + b"\0"
+        if path.is_symlink():  # (its target's name: reading it could follow it anywhere)
+            h.update(name + b"link\0" + os.readlink(path).encode())
+        elif path.is_file():   # (a FIFO or a device is no file: is_file says False)
+            h.update(name + plainfile.read_bytes(path))
     return h.hexdigest()[:16]

@@ -15,6 +15,8 @@ import os
 import sys
 import threading
 
+from perfloop.core import plainfile
+
 ENV = "PERFLOOP_PROGRESS"
 
 _lock = threading.RLock()
@@ -134,11 +136,9 @@ class Tail:
         self.path, self.offset, self.partial = path, 0, b""
 
     def lines(self) -> list[str]:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read()
-        except FileNotFoundError:
+        try:  # (a child's log: kernel code may have made it a FIFO, or huge)
+            data = plainfile.read_bytes(self.path, offset=self.offset, cut=True)
+        except OSError:
             return []
         self.offset += len(data)
         data = self.partial + data

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from perfloop.core import progress
+from perfloop.core import plainfile, progress
 from perfloop.core.atomic import digest, json_bytes, write_bytes
 from perfloop.core.sandbox import Confinement, kernel_env
 from perfloop.measure import process
@@ -177,7 +177,11 @@ def _kernel_pass(judge_file: Path, variants: list[dict], *, cwd: Path, work: Pat
 def _read_lines(path: Path) -> list[dict]:
     out = []
     if path.exists():
-        for line in path.read_text(errors="replace").splitlines():
+        try:
+            text = plainfile.read_text(path, errors="replace")
+        except OSError:  # (kernel code may have made its log a FIFO: no log, no cases)
+            text = ""
+        for line in text.splitlines():
             try:
                 entry = json.loads(line)
             except json.JSONDecodeError:
@@ -189,7 +193,7 @@ def _read_lines(path: Path) -> list[dict]:
 
 def _read_json(path: Path) -> dict:
     try:
-        raw = json.loads(path.read_text()) if path.exists() else {}
+        raw = json.loads(plainfile.read_text(path)) if path.exists() else {}
     except (OSError, json.JSONDecodeError):
         return {}
     return raw if isinstance(raw, dict) else {}

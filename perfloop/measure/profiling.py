@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from perfloop.core import plainfile
 from perfloop.core.atomic import write_json
 from perfloop.core.errors import NeedsGPU
 from perfloop.core.vocab import Status
@@ -54,7 +55,7 @@ def profile(s: Session, *, kernel_name: str | None = None, launch_skip: int = 0,
     work.mkdir(parents=True, exist_ok=True)
     folder = s.export_commit(st.incumbent, work / "incumbent")
     contract = s.export_commit(st.base_commit, work / "contract")
-    knobs = json.loads((folder / "knobs.json").read_text())
+    knobs = json.loads(plainfile.read_text(folder / "knobs.json"))
     head = s.spec.headline
     target_spec = work / "target.json"
     write_json(target_spec, {"contract_folder": str(contract), "folder": str(folder),

@@ -12,13 +12,14 @@ an output that differs, fails its variant; only this process says that a variant
 
 from __future__ import annotations
 
+import io
 import json
 import time
 from pathlib import Path
 
 import pytest
 
-from perfloop.core import judging, outputs
+from perfloop.core import judging, outputs, plainfile
 from perfloop.core.atomic import digest, write_json
 
 REQUEST_DIGEST = ""
@@ -102,7 +103,8 @@ def _read_outputs(folder: Path) -> list[dict]:
     out = []
     for path in sorted(folder.glob("*.pt")):
         try:
-            entry = torch.load(path, map_location="cpu", weights_only=True)
+            entry = torch.load(io.BytesIO(plainfile.read_bytes(path)), map_location="cpu",
+                               weights_only=True)
         except Exception as exc:  # a file that is not plain data is no output
             out.append({"label": None, "error": f"{path.name}: unreadable ({type(exc).__name__})"})
             continue

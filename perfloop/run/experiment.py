@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from perfloop.core import dispatch_table as dispatch
-from perfloop.core import naming, progress, workload
+from perfloop.core import naming, plainfile, progress, workload
 from perfloop.core.faults import crashpoint
 from perfloop.core.kernel import KNOBS, knobs_text
 from perfloop.core.playbook import thaw
@@ -302,7 +302,7 @@ def _judge(t: Trial, env: dict, timer, warmers: list) -> None:
 def _same_code(a, b) -> bool:
     """Whether two kernel folders hold the same Python files, byte for byte."""
     def code(folder):
-        return {p.name: p.read_bytes() for p in sorted(Path(folder).glob("*.py"))}
+        return {p.name: plainfile.read_bytes(p) for p in sorted(Path(folder).glob("*.py"))}
     try:
         return code(a) == code(b)
     except OSError:

@@ -12,7 +12,7 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from perfloop.core import kernel, manifest, naming, playbook
+from perfloop.core import kernel, manifest, naming, plainfile, playbook
 from perfloop.core.atomic import write_json
 from perfloop.core.errors import CorruptRecord, EnvironmentFailure, NeedsGPU, UserError
 from perfloop.core.vocab import Kind, Stop, StopReason
@@ -140,7 +140,7 @@ def require_gpu() -> None:
 
 
 def sha256_file(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    return hashlib.sha256(plainfile.read_bytes(path)).hexdigest()
 
 
 class Session:
