@@ -27,7 +27,7 @@ from perfloop.core.vocab import (
     Kind,
     Outcome,
 )
-from perfloop.measure import judge, phases
+from perfloop.measure import judge, phases, process
 from perfloop.plan import decide, weigh
 from perfloop.plan.proposal import Proposal
 from perfloop.run import ahead, screening
@@ -284,6 +284,7 @@ def _judge(t: Trial, env: dict, timer, warmers: list) -> None:
         raise
     finally:
         warmed = phases.stop_warmers(warmers)
+        process.kill_strays()  # (what a warmer's kernel code left, before any batch is timed)
         if pool:
             pool.discard()
     ahead.start(s)  # the next experiment's judges and timer, while this one is timed
