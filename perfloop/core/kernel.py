@@ -119,7 +119,8 @@ def read_knobs(path: Path) -> dict:
     except FileNotFoundError:
         raise UserError(f"{path} is missing") from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"{path} is unreadable: {exc.strerror if isinstance(exc, OSError) else exc}") from None
+        why = exc.strerror if isinstance(exc, OSError) else exc
+        raise UserError(f"{path} is unreadable: {why}") from None
     return parse_knobs(text, str(path))
 
 

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36
 BOOTSTRAP = (Path(__file__).resolve().parents[1] / "child" / "bootstrap.py").read_text()
@@ -84,26 +85,38 @@ def kill_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def process_table() -> dict[int, tuple[int, int | None]]:
-    """{pid: (parent pid, session id)} of every living process, from /proc, in one pass."""
-    # after the command in /proc/<pid>/stat: state is field 3, the parent 4, the session 6
-    out: dict[int, tuple[int, int | None]] = {}
+def stat_fields(pid: int) -> list[bytes]:
+    """The fields of /proc/<pid>/stat after the command (which may hold spaces and
+    parentheses): proc(5)'s field N is at index N - 3 (state 3, parent 4, group 5, session 6,
+    nice 19, policy 41). OSError once the process is gone."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        return f.read().rsplit(b")", 1)[1].split()
+
+
+class Proc(NamedTuple):
+    parent: int
+    group: int
+    session: int
+
+
+def process_table() -> dict[int, Proc]:
+    """Every living process, from /proc, in one pass."""
+    out: dict[int, Proc] = {}
     for entry in os.scandir("/proc") if os.path.isdir("/proc") else ():
         if entry.name.isdigit():
             try:
-                with open(f"/proc/{entry.name}/stat", "rb") as f:
-                    fields = f.read().rsplit(b")", 1)[1].split()
-                out[int(entry.name)] = (int(fields[1]), int(fields[3]))
+                fields = stat_fields(int(entry.name))
+                out[int(entry.name)] = Proc(int(fields[1]), int(fields[2]), int(fields[3]))
             except (OSError, ValueError, IndexError):
                 continue
     return out
 
 
-def descendants_in(table: dict[int, tuple[int, int | None]], pid: int) -> list[int]:
+def descendants_in(table: dict[int, Proc], pid: int) -> list[int]:
     """Every process below `pid` in a process_table."""
     children: dict[int, list[int]] = {}
-    for child, (parent, _session) in table.items():
-        children.setdefault(parent, []).append(child)
+    for child, proc in table.items():
+        children.setdefault(proc.parent, []).append(child)
     out, todo = [], [pid]
     while todo:
         for child in children.get(todo.pop(), ()):
@@ -143,8 +156,7 @@ def wait_gone(pids: list[int], timeout_s: float) -> None:
             except ChildProcessError:
                 pass
             try:
-                with open(f"/proc/{pid}/stat", "rb") as f:
-                    state = f.read().rsplit(b")", 1)[1].split()[0]
+                state = stat_fields(pid)[0]
             except (OSError, IndexError):
                 state = b"Z"
             if state in (b"Z", b"X"):

@@ -32,6 +32,9 @@ def _session(pid: int) -> int | None:
         return None
 
 
+STRAY_SWEEPS = 20  # a sweep per generation of daemons below daemons, at most
+
+
 def kill_strays() -> int:
     """Kill the processes that came to this one (a subreaper: perfloop.cli makes it one) in a
     session of their own without being started by it: daemons that kernel code left, once
@@ -50,18 +53,15 @@ def kill_strays() -> int:
     return killed
 
 
-STRAY_SWEEPS = 20
-
-
 def _strays() -> list[int]:
     """The strays below this process and all their descendants (see kill_strays)."""
     import os
 
     me = os.getpid()
     mine, tree = _session(me), spawn.process_table()
-    roots = [pid for pid, (parent, session) in tree.items()
-             if parent == me and pid not in _LIVE | spawn.OWN_HELPERS
-             and session not in (None, mine)
+    roots = [pid for pid, proc in tree.items()
+             if proc.parent == me and pid not in _LIVE | spawn.OWN_HELPERS
+             and proc.session != mine
              and not spawn.torch_shm_manager(pid)]
     return [pid for root in roots for pid in (root, *spawn.descendants_in(tree, root))]
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from perfloop.core import spawn
+
 POLICIES = {getattr(os, name): name for name in
             ("SCHED_OTHER", "SCHED_BATCH", "SCHED_IDLE", "SCHED_FIFO", "SCHED_RR")
             if hasattr(os, name)}
@@ -41,9 +43,7 @@ def own() -> Sched:
 def of_thread(tid: int) -> Sched | None:
     """A thread's scheduling, None once it is gone."""
     try:
-        with open(f"/proc/{tid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        # after the command: state is field 3, nice field 19, policy field 41
+        fields = spawn.stat_fields(tid)
         return Sched(int(fields[38]), int(fields[16]), frozenset(os.sched_getaffinity(tid)))
     except (OSError, ValueError, IndexError):
         return None

@@ -215,12 +215,12 @@ class Timer:
         Returns the processes of each launcher's group, by group."""
         groups: dict[int, list[int]] = {launcher.proc.pid: []
                                         for launcher in self.launchers.values()}
-        for pid in spawn.descendants():
+        table = spawn.process_table()
+        for pid in spawn.descendants_in(table, os.getpid()):
             # a launcher's own group is stopped with it between turns; the timer's own helpers
             # (torch's shared-memory manager) were there before any kernel code
-            group = _group(pid)
-            if group in groups:
-                groups[group].append(pid)
+            if table[pid].group in groups:
+                groups[table[pid].group].append(pid)
                 continue
             if pid in self._own:
                 continue
@@ -605,13 +605,6 @@ def may_gain(shapes: dict, candidates: list[str], min_gain: float = 0.0) -> bool
             if ratio.ci_high < 1.0 and ratio.gain > min_gain:
                 return True
     return False
-
-
-def _group(pid: int) -> int | None:
-    try:
-        return os.getpgid(pid)
-    except OSError:
-        return None
 
 
 def _own_helpers() -> set[int]:
