@@ -149,6 +149,22 @@ def test_code_imported_from_outside_the_repository_never_runs(scratch, tmp_path)
     _not_kept(e)
 
 
+@LANDLOCK
+def test_code_kernel_code_puts_in_dev_shm_is_never_imported(scratch, tmp_path):
+    """/dev/shm: every process may use it, no experiment commits it, and it outlives the
+    experiment, so a module put there could be swapped after the keep (a red-team kernel was
+    kept so). The mode runs twice as fast, as the helper it imports would make it."""
+    tag = hashlib.sha256(str(tmp_path).encode()).hexdigest()[:12]
+    helper = Path("/dev/shm") / f"scripted_{tag}.py"
+    try:
+        e = _step(scratch, "shm", env={"SCRIPTED_SHM_TAG": tag},
+                  script=[{"when": {"mode": "shm"}, "factor": {"*": 0.5}}])
+        _not_kept(e)
+        assert not helper.exists()
+    finally:
+        helper.unlink(missing_ok=True)
+
+
 def test_perfloops_own_files_changed_since_the_run_started_refuse_the_next_step(scratch):
     """Where no sandbox kept kernel code from perfloop's source, the change is seen."""
     code, out, err = scratch.cli("init", "--kernel", "scripted")
@@ -195,6 +211,50 @@ def test_a_child_that_runs_kernel_code_is_confined_where_the_kernel_allows(tmp_p
     lines = result.stdout.strip().splitlines()
     assert lines[0].startswith("landlock ABI"), result
     assert lines[1] == "write ok: done;write secret: refused;read secret: refused"
+
+
+def test_a_confined_child_opens_devices_and_shared_memory_but_makes_nothing_in_dev(tmp_path):
+    """/dev/null and memory the trusted side shared (a file it made in /dev/shm) open for
+    writing, and the file may be removed (torch unlinks what it was the last to use); a new
+    file in /dev/shm, and any other device, do not."""
+    if sandbox.abi() < 1:
+        pytest.skip("this kernel has no Landlock")
+    import textwrap
+
+    shared = Path("/dev/shm") / f"perfloop_test_{os.getpid()}_{tmp_path.name}"
+    made = shared.with_name(shared.name + "_made.py")
+    removed = shared.with_name(shared.name + "_removed")
+    shared.write_bytes(b"\0" * 64)
+    removed.write_bytes(b"\0")
+    code = textwrap.dedent(f"""
+        import os
+        from perfloop.core import sandbox
+        print(sandbox.apply_from_environ())
+        out = []
+        for what, fn in (("null", lambda: open("/dev/null", "w").write("x")),
+                         ("shared", lambda: open({str(shared)!r}, "r+b").write(b"y")),
+                         ("made", lambda: open({str(made)!r}, "w").write("VALUE = 1")),
+                         ("removed", lambda: os.unlink({str(removed)!r})),
+                         ("random", lambda: open("/dev/random", "wb").write(b"x"))):
+            try:
+                fn()
+                out.append(what + ": done")
+            except OSError:
+                out.append(what + ": refused")
+        print(";".join(out))
+        """)
+    env = sandbox.child_environment({**os.environ, "PYTHONPATH": pythonpath()},
+                                    tmp_path / "child", reads=[], root=tmp_path)
+    try:
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                env=env, cwd=tmp_path)
+        lines = result.stdout.strip().splitlines()
+        assert lines and lines[0].startswith("landlock ABI"), result
+        assert lines[1] == "null: done;shared: done;made: refused;removed: done;random: refused", result
+        assert shared.read_bytes()[:1] == b"y" and not made.exists() and not removed.exists()
+    finally:
+        for path in (shared, made, removed):
+            path.unlink(missing_ok=True)
 
 
 def test_a_timer_started_ahead_leaves_cutile_to_its_launchers(tmp_path):

@@ -77,10 +77,13 @@ def _writes(version: int) -> int:
     return out
 
 
-def confine(write: list[str], read: list[str] | None = None, listed: list[str] = ()) -> str:
+def confine(write: list[str], read: list[str] | None = None, listed: list[str] = (),
+            devices: list[str] = ()) -> str:
     """Restrict this process (see the module's text); returns what was done, in a few words.
     `listed`: folders whose entries (names, beneath them too) may be listed though their files
-    may not be read (pytest lists the repository's root)."""
+    may not be read (pytest lists the repository's root). `devices`: files (and folders of
+    files) that may be opened for writing, but nothing made, removed or truncated there; with
+    them, files in SHARED_MEMORY may be opened for writing and removed, not made."""
     version = abi()
     if version < 1:
         return "none: this kernel has no Landlock (writes and reads are not confined)"
@@ -100,6 +103,10 @@ def confine(write: list[str], read: list[str] | None = None, listed: list[str] =
         # Landlock forbids ptrace out of the sandbox, so no other process's entries open.
         for path in [*write, f"/proc/{os.getpid()}"]:
             _allow(libc, fd, path, writes | (READS if read is not None else 0))
+        for path in devices:
+            _allow(libc, fd, path, WRITE_FILE)
+        if devices:
+            _allow(libc, fd, SHARED_MEMORY, WRITE_FILE | REMOVE_FILE)
         for path in read or ():
             _allow(libc, fd, path, READS)
         for path in listed if read is not None else ():
@@ -134,6 +141,19 @@ ENV = "PERFLOOP_CONFINE"
 SYSTEM = ("/usr", "/lib", "/lib32", "/lib64", "/bin", "/sbin", "/etc", "/opt", "/proc", "/sys",
           "/dev", "/run", "/var/lib")
 ROOT_FILES = ("pyproject.toml", "setup.cfg", "tox.ini", "pytest.ini", "conftest.py")
+# What a child may open for writing in /dev: the null devices, CUDA's device files, and the
+# shared memory the timer and torch make in /dev/shm (slots, CUDA IPC reference counts), where
+# it may also remove a file (torch unlinks one whose last user it is), never make one: a
+# module made there could be imported, and would outlive the experiment.
+DEVICES = ("/dev/null", "/dev/zero", "/dev/full")
+SHARED_MEMORY = "/dev/shm"
+
+
+def device_files() -> list[str]:
+    """The files beneath /dev a child may open for writing here: DEVICES and NVIDIA's."""
+    import glob
+
+    return [*DEVICES, *sorted(glob.glob("/dev/nvidia*"))]
 
 
 def environment_reads(root) -> list[str]:
@@ -175,8 +195,8 @@ def linked_cache(folder, shared) -> str:
 def child_environment(env: dict, folder, *, reads: list, root, confined: bool = True) -> dict:
     """`env` for a child that runs kernel code, working in `folder` (made here): its
     temporary files and caches there, and, when `confined`, PERFLOOP_CONFINE naming `folder`
-    (and /dev, for device files and shared memory) for writes, and `reads` besides the
-    environment for reads."""
+    for writes (and device_files(), for opening only), and `reads` besides the environment
+    for reads."""
 
     folder = os.path.realpath(str(folder))
     for sub in ("tmp", "cache"):
@@ -191,7 +211,8 @@ def child_environment(env: dict, folder, *, reads: list, root, confined: bool = 
                TORCHINDUCTOR_COMPILE_THREADS="1")
     out.setdefault("CUDA_TILE_CACHE_DIR", os.path.join(cache, "cutile"))
     if confined:
-        out[ENV] = json.dumps({"write": [folder, "/dev", out["CUDA_TILE_CACHE_DIR"]],
+        out[ENV] = json.dumps({"write": [folder, out["CUDA_TILE_CACHE_DIR"]],
+                               "devices": device_files(),
                                "read": [*environment_reads(root), *map(str, reads)],
                                "listed": [os.path.realpath(str(root))]})
     return out
@@ -205,7 +226,8 @@ def apply_from_environ() -> str:
     if not raw:
         return ""
     wanted = json.loads(raw)
-    return confine(wanted["write"], wanted.get("read"), wanted.get("listed", ()))
+    return confine(wanted["write"], wanted.get("read"), wanted.get("listed", ()),
+                   wanted.get("devices", ()))
 
 
 @dataclass(frozen=True)
@@ -233,5 +255,5 @@ def kernel_env(env: dict, folder, root, confinement: Confinement) -> dict:
                             confined=confinement.mode != "off")
     if confinement.mode == "write":  # writes confined, reads not
         wanted = json.loads(out[ENV])
-        out[ENV] = json.dumps({"write": wanted["write"]})
+        out[ENV] = json.dumps({"write": wanted["write"], "devices": wanted["devices"]})
     return out

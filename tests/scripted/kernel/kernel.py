@@ -34,6 +34,9 @@ kernel can see for itself: how often a built launcher was called and how large i
                    writes to the run's record, table, state, git refs and hooks
   plant            doubles, and writes a git post-commit hook and into perfloop's own source
   outside          imports a module from $SCRIPTED_OUTSIDE, outside the repository
+  shm              writes a module to /dev/shm (named by $SCRIPTED_SHM_TAG) and imports it: a
+                   place every process may use, that no experiment commits and that
+                   outlives the experiment
   deprioritize     doubles, and when built outside a judge gives every other launcher of its
                    timer (its siblings) SCHED_IDLE and nice 19: under the real clock a launch
                    that runs with less than its timer's scheduling takes twice its time (the
@@ -42,6 +45,7 @@ Calls dispatch per bucket (perfloop.dispatch): "big" for inputs of 600 values or
 SCRIPTED_DELAY_S slows every launch down, so a test can interrupt a timing in progress.
 """
 
+import importlib.util
 import itertools
 import json
 import math
@@ -123,6 +127,11 @@ def _build_one(knobs: dict):
     if mode == "outside":
         sys.path.insert(0, os.environ["SCRIPTED_OUTSIDE"])
         __import__("outside_helper")
+    if mode == "shm":
+        helper = Path("/dev/shm") / f"scripted_{os.environ.get('SCRIPTED_SHM_TAG', 'x')}.py"
+        helper.write_text("VALUE = 1\n")
+        spec = importlib.util.spec_from_file_location("shm_helper", helper)
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
     if mode == "env" and os.environ.get("SCRIPTED_ENV_DUMP"):
         dump = Path(os.path.expandvars(os.environ["SCRIPTED_ENV_DUMP"])) / f"{os.getpid()}.json"
         dump.write_text(json.dumps(dict(os.environ), sort_keys=True))
