@@ -994,6 +994,17 @@ def test_a_candidate_far_slower_in_warm_up_is_dropped_after_two_runs():
     assert set(tiny.rounds) == {"incumbent", "other"} and tiny.cliffs == {}
 
 
+def test_a_launch_shorter_than_the_timers_bracket_sets_no_cliff_by_its_ratio():
+    # a warm-up is one launch less an empty batch's time; at a few microseconds (SwiGLU's
+    # fp16 8 x 4096 on an H200) that difference read an honest edit 4.0x, and it was dropped
+    from perfloop.referee.timer import cliff_bound
+
+    assert cliff_bound(4.0, 0.5, 0.01) == 2.0               # a launch longer than the bracket
+    assert cliff_bound(4.0, 0.003, 0.012) == 4.0 * 0.012    # shorter: 4x the bracket's time
+    assert cliff_bound(4.0, 0.0, 0.012) is None             # nothing to be 4x slower than
+    assert cliff_bound(None, 0.5, 0.01) is None
+
+
 # ---- runs of the scripted kernel -------------------------------------------------------------
 SPLIT = [{"when": {"tile": [1, 2048]},
           "factor": {"head": 0.8, "tail": 0.8, "held:head": 0.8, "held:tail": 0.8,

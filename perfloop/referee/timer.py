@@ -50,6 +50,18 @@ MAX_SLOTS = 256
 SLOT_MEMORY_SHARE = 0.25   # of the GPU memory free when a shape starts
 
 
+
+def cliff_bound(ratio: float | None, incumbent_ms: float, bracket_ms: float) -> float | None:
+    """The warm-up time past which a candidate is a cliff: `ratio` times the incumbent's, or
+    the empty batch's where the incumbent's launch is shorter (a warm-up is one launch less
+    that time: at a few microseconds the difference is noise; on an H200 an honest edit read
+    4.0x so at SwiGLU's fp16 8 x 4096). An incumbent of about nothing, a launch shorter than
+    the bracket's own time, as at a one-row shape on an H100, sets none."""
+    if not ratio or incumbent_ms <= 0:
+        return None
+    return ratio * max(incumbent_ms, bracket_ms)
+
+
 class Progress:
     """One line per step into the progress file, flushed before the step runs."""
 
@@ -458,11 +470,9 @@ class Timer:
                     for check in (0, 1):
                         self._calibrate(slots, shape, check)
                 self.progress(label, "time", shape=shape.name)
-                # (an incumbent's warm-up of about nothing, a launch shorter than the empty
-                # batch's own time, as at a one-row shape on an H100, sets no cliff)
-                give_up = (cliff * estimates[INCUMBENT]
-                           if cliff and estimates.get(INCUMBENT, 0) > 0
-                           and label not in self.unverified else None)
+                give_up = (cliff_bound(cliff, estimates.get(INCUMBENT, 0.0),
+                                       self._bracket_ms(shape))
+                           if label not in self.unverified else None)
                 estimates[label] = self._warm(label, slots, shape, settings, give_up)
                 if give_up is not None and estimates[label] > give_up:  # a slow start is no cliff
                     estimates[label] = self._warm(label, slots, shape, settings, give_up)
@@ -471,6 +481,11 @@ class Timer:
             except LauncherFailed as exc:
                 self._lost(exc)
         return estimates, cliffs
+
+    def _bracket_ms(self, shape) -> float:
+        """The time of an empty batch at this shape (its calibrations' largest)."""
+        return max((ms for (name, _), ms in self.overhead.items() if name == shape.name),
+                   default=0.0)
 
     def _rounds(self, shape, labels, slots, n, settings, checked) -> dict:
         rounds = {label: [] for label in labels}
