@@ -268,7 +268,8 @@ def finish_timing(pending: Pending, labels: list[str], *, deadline: float,
     keep = {INCUMBENT, CONTROL, *labels}
     remaining = [v for v in pending.variants if v["label"] in keep]
     go = {"labels": [v["label"] for v in remaining], "select": select,
-          **({"replay": {"path": replay["path"], "digest": replay["digest"]}} if replay else {})}
+          **({"replay": {"path": replay.get("path"), "digest": replay.get("digest")}}
+             if replay else {})}
     tag, running = pending.attempt or _launch(pending, remaining, go)
     if pending.attempt:
         write_json(pending.work / f"timing-{tag}-go.json", go)
