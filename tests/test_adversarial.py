@@ -191,18 +191,37 @@ def _cheat(scratch: Scratch, mode: str) -> tuple[dict, dict]:
     return before, out
 
 
+# wrong at every timed shape and at a judge case outside pytest: whichever the timer runs first
+# (the judge's cases replay before a shape drawn at random) names the failure
+EITHER = ("timed output differs from the reference", "replayed judge case")
+
+
 @pytest.mark.parametrize("mode,reason", [
     ("wrong-above-1000", "timed output differs from the reference at head"),  # judge: n <= 1000
     ("skip-above-1000", "timed output differs from the reference at head"),   # partial write
-    ("cache", "timed output differs from the reference"),        # computes once, then returns
-    ("sniff", "timed output differs from the reference"),        # right only under pytest
+    ("cache", EITHER),        # computes once, then returns
+    ("sniff", EITHER),        # right only under pytest
     ("tamper-judge", "correctness failed"),  # wrong, and rewrites the comparison beside it
     # (memo and tamper are right and gain nothing: tests/test_trust.py times them for real)
 ])
 def test_a_kernel_that_cheats_where_the_judge_cannot_see_fails(scratch, mode, reason):
     before, out = _cheat(scratch, mode)
-    _assert_not_kept(scratch, before, out, reason)
+    e = _assert_not_kept(scratch, before, out)
+    assert any(r in e["reason"] for r in ([reason] if isinstance(reason, str) else reason)), \
+        e["reason"]
     assert table.read_rows(scratch.path / "sandbox/scripted/perf_results.md")[-1][3:] == ["FAIL", "revert"]
+
+
+def test_a_kernel_right_under_pytest_and_at_every_timed_size_fails_by_replay(scratch):
+    """sniff-shape is right under pytest and at the timed sizes (256, 1000, 1024), wrong at the
+    judge's n = 1 and 5 where no pytest runs: only the judge's cases, replayed in the timer's
+    launcher, show it (before the replay it was kept, at twice the speed)."""
+    before, out = _cheat(scratch, "sniff-shape")
+    e = _assert_not_kept(scratch, before, out,
+                         "replayed judge case n=1 differs from the judge's expected value")
+    record = scratch.records()[-1]
+    assert record["outcomes"]["candidate-0"]["outcome"] == "fail", record["outcomes"]
+    assert record["correctness_detail"]["passed"] == {"candidate-0": True}  # judged right
 
 
 def test_a_kernel_that_ends_the_judge_early_with_status_0_is_not_kept(scratch):

@@ -65,9 +65,12 @@ def test_a_wrong_kernel_that_forges_what_its_own_process_computes_fails(scratch,
 
 def test_a_wrong_kernel_that_feeds_its_judge_right_outputs_fails_where_it_is_timed(scratch):
     """It delivers doubled outputs to the judge while it triples: the judge passes it, and the
-    trusted timer's checks of launches it cannot tell from the others fail it."""
+    trusted timer's checks of launches it cannot tell from the others fail it (a timed launch,
+    or one of the judge's cases replayed: whichever the timer runs first)."""
     e = _step(scratch, "forge-judge")
-    _not_kept(e, "timed output differs from the reference")
+    _not_kept(e)
+    assert any(why in e["reason"] for why in ("timed output differs from the reference",
+                                              "replayed judge case")), e["reason"]
     assert e["correctness"] == "FAIL"
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from perfloop.core import hooks, judging, outputs
+from perfloop.core import hooks, judge_replay, judging, outputs
 from perfloop.core.kernel import Shape, import_module
 from perfloop.core.playbook import freeze, read_toml
 
@@ -67,18 +67,26 @@ _modules: dict[str, object] = {}
 class _StandIn:
     """What module_for gives in the reference pass, where no kernel code may run: every
     attribute is a function returning a launcher that does nothing. A judge computes its
-    expected values from its own inputs, never from the kernel module."""
+    expected values from its own inputs, never from the kernel module. build(knobs) returns a
+    launcher that records how check's run() launched it (perfloop.core.judge_replay), so the
+    timer can replay the case where no pytest runs."""
+
+    def __init__(self, folder):
+        self._folder = str(folder)
 
     def __getattr__(self, name):
         def stand_in(*args, **kwargs):
-            return lambda *a, **k: None
+            if name == "build" and len(args) == 1 and not kwargs:
+                return judge_replay.RecordingLauncher(self._folder, args[0])
+            judge_replay.other_call(name)
+            return lambda *a, **k: judge_replay.other_call(name)
         return stand_in
 
 
 def module_for(folder: str):
     """One import per kernel folder per process; variants differ by knobs, not by module."""
     if judging.MODE == judging.REFERENCE and not _is_contract_copy(folder):
-        return _StandIn()
+        return _StandIn(folder)
     if folder not in _modules:
         _modules[folder] = import_module(Path(folder), f"judge{len(_modules)}")
     return _modules[folder]
@@ -134,13 +142,16 @@ def check(label: str, case: str, run, reference, *, rtol: float, atol: float,
     """Run `run()`, which must poison its output (NaN), launch, and return the output, and
     compare it with the float64 `reference` within the tolerance; fail the test on a mismatch.
     Under the loop the kernel pass delivers the output and the reference pass the reference,
-    and the reference pass compares them."""
+    and the reference pass compares them. A run() that builds with module_for's module and
+    launches once as launch(inputs, out), returning that out, is also replayed by the timer
+    outside pytest (perfloop.core.judge_replay)."""
     tol = {"rtol": rtol, "atol": atol, "max_rel_err": max_rel_err}
     if judging.MODE == judging.REFERENCE:
         key = (label, case)
         if key not in judging.EXPECTED:
             judging.ORDER.append(key)
         judging.EXPECTED[key] = {"expected": plain(reference), "tolerance": tol}
+        judge_replay.capture(label, case, run)  # (the stand-in runs no kernel code)
         return
     try:
         out = run()

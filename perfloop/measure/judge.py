@@ -42,6 +42,7 @@ class JudgeResult:
     wall_s: float = 0.0
     detail: str = ""
     processes: int = 1                           # kernel-pass processes run side by side
+    replay: dict | None = None                   # the judge's replayable cases: {path, digest}
 
 
 def _cmd(judge_file: Path, cwd: Path, plugin: str, option: str, request: Path) -> list[str]:
@@ -135,7 +136,7 @@ def _kernel_files(request: Path) -> list[Path]:
 def _referee_files(request: Path) -> list[Path]:
     stem = request.name[:-len(".json")]
     return [request, request.with_name(f"{stem}-compare.json"),
-            request.with_name(f"{stem}-verdict.json")]
+            request.with_name(f"{stem}-verdict.json"), request.with_name(f"{stem}-cases.pt")]
 
 
 def _fresh(ready: tuple | None, files) -> tuple | None:
@@ -356,9 +357,10 @@ def _start_referee(judge_file: Path, variants: list[dict], *, cwd: Path, work: P
                    contract: dict | None, ready: tuple | None) -> tuple:
     ready = _fresh(ready, _referee_files)
     request, running = ready if ready else (work / f"referee-{nonce()}.json", None)
-    _, compare, verdict = _referee_files(request)
+    _, compare, verdict, cases = _referee_files(request)
     body = json_bytes({"variants": variants_json(variants), "compare": str(compare),
-                       "verdict": str(verdict), **({"contract": contract} if contract else {})})
+                       "verdict": str(verdict), "cases": str(cases),
+                       **({"contract": contract} if contract else {})})
     if running is None:
         write_bytes(request, body)
         running = process.start(_referee_cmd(judge_file, cwd, request),
@@ -372,7 +374,7 @@ def _start_referee(judge_file: Path, variants: list[dict], *, cwd: Path, work: P
 def _finish_referee(referee: tuple, folders: dict, deadline: float, stall_s: float) -> dict:
     """Name the output folders to the reference pass, wait for its verdict."""
     request, running, body_digest = referee
-    _, compare, verdict = _referee_files(request)
+    _, compare, verdict, cases = _referee_files(request)
     write_bytes(compare, json_bytes({"labels": folders}))
     res = running.wait(deadline=deadline, stall_s=None)
     found = _read_json(verdict)
@@ -385,6 +387,8 @@ def _finish_referee(referee: tuple, folders: dict, deadline: float, stall_s: flo
         return {"error": f"the judge failed in its reference pass, which runs no kernel code "
                          f"({test}: {why}); the judge must compute expected values from its "
                          "own inputs, not from the kernel module"}
+    if isinstance(found.get("replay"), dict):  # (the file is the one this request named)
+        found["replay"] = {**found["replay"], "path": str(cases)}
     return found
 
 
@@ -395,6 +399,7 @@ def _settle(out: JudgeResult, variants: list[dict], passes: _Passes, verdict: di
             out.crashed.setdefault(v["label"], verdict["error"])
         return
     out.imports |= set(verdict.get("imports", ()))
+    out.replay = verdict.get("replay")
     for v in variants:
         label = v["label"]
         if label in out.crashed:

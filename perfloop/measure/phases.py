@@ -259,14 +259,17 @@ def abandon(pending: Pending | None) -> None:
 
 
 def finish_timing(pending: Pending, labels: list[str], *, deadline: float,
-                  select: bool = False) -> Timing:
+                  select: bool = False, replay: dict | None = None) -> Timing:
     """Time the incumbent, its control and the candidates named in `labels` in one process;
     if the worker dies or hangs in a candidate's code, drop that candidate (recorded with the
-    reason) and time the rest again in a new worker."""
+    reason) and time the rest again in a new worker. `replay` ({path, digest}): the judge's
+    cases, which the worker replays in each variant's launcher (perfloop.referee.replay)."""
     out = Timing()
     keep = {INCUMBENT, CONTROL, *labels}
     remaining = [v for v in pending.variants if v["label"] in keep]
-    go = {"labels": [v["label"] for v in remaining], "select": select}
+    go = {"labels": [v["label"] for v in remaining], "select": select,
+          **({"replay": {"path": replay.get("path"), "digest": replay.get("digest")}}
+             if replay else {})}
     tag, running = pending.attempt or _launch(pending, remaining, go)
     if pending.attempt:
         write_json(pending.work / f"timing-{tag}-go.json", go)
@@ -319,7 +322,7 @@ def _finish(pending: Pending, out: Timing, running, tag: str, remaining: list, g
         remaining = [v for v in remaining if v["label"] != culprit]
         if len(remaining) <= 2:  # only the incumbent and its control are left
             break
-        go = {"labels": [v["label"] for v in remaining], "select": select}
+        go = {**go, "labels": [v["label"] for v in remaining]}
         tag, running = _launch(pending, remaining, go)
     out.wall_s = round(time.monotonic() - pending.started, 3)
     return out

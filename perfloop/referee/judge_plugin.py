@@ -7,7 +7,8 @@ judge computes from its own inputs (perfloop.core.judging). When its session end
 perfloop to name the kernel passes' output folders, reads each delivered output as data
 (torch.load with weights_only: tensors, lists and numbers, never code), compares it with the
 expected value within the case's tolerance, and writes the verdict. A case with no output, or
-an output that differs, fails its variant; only this process says that a variant passed.
+an output that differs, fails its variant; only this process says that a variant passed. It
+also writes the cases the timer can replay where no pytest runs (perfloop.core.judge_replay).
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from perfloop.core import judging, outputs, plainfile
-from perfloop.core.atomic import digest, write_json
+from perfloop.core import judge_replay, judging, outputs, plainfile
+from perfloop.core.atomic import digest, write_bytes, write_json
 
 REQUEST_DIGEST = ""
 FAILED: dict = {}   # test id -> its first error line: the judge itself failed without kernel code
@@ -59,9 +60,11 @@ def pytest_sessionfinish(session, exitstatus):
     request = judging.REQUEST
     if not request:
         return
+    replay = _write_cases(request)  # (while the kernel passes still run)
     asked = _wait_for(Path(request["compare"]))
     verdict = {"request": REQUEST_DIGEST, "reference_failures": FAILED,
-               "expected": len(judging.ORDER), "labels": {}}
+               "expected": len(judging.ORDER), "labels": {},
+               **({"replay": replay} if replay else {})}
     if asked is not None:
         from perfloop.core.imports import imported_files
 
@@ -71,6 +74,16 @@ def pytest_sessionfinish(session, exitstatus):
     else:
         verdict["error"] = "no comparison was asked for"
     write_json(Path(request["verdict"]), verdict)
+
+
+def _write_cases(request: dict) -> dict | None:
+    """The judge's replayable cases, for the timer (perfloop.core.judge_replay): the file's
+    digest travels in the verdict, so the timer reads only what this process wrote."""
+    if not request.get("cases"):
+        return None
+    data, summary = judge_replay.case_file(judging.EXPECTED, judging.ORDER)
+    write_bytes(Path(request["cases"]), data)
+    return {**summary, "digest": digest(data)}
 
 
 def _wait_for(path: Path) -> dict | None:

@@ -24,8 +24,19 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from types import MappingProxyType
 
-from perfloop.core import envinfo, gpu_ipc, hooks, roofline, spawn, stats, traffic, workload
+from perfloop.core import (
+    envinfo,
+    gpu_ipc,
+    hooks,
+    outputs,
+    roofline,
+    spawn,
+    stats,
+    traffic,
+    workload,
+)
 from perfloop.core.atomic import digest, write_json
 from perfloop.core.dispatch import knobs_for
 from perfloop.core.errors import UserError
@@ -35,7 +46,7 @@ from perfloop.core.playbook import Measure
 from perfloop.core.sandbox import Confinement, kernel_env, linked_cache
 from perfloop.core.values import freeze
 from perfloop.core.vocab import CONTROL, INCUMBENT, Outcome
-from perfloop.referee import ceilings, scheduling
+from perfloop.referee import ceilings, replay, scheduling
 from perfloop.referee.launchers import GpuClock, Launcher, LauncherFailed, WallClock
 from perfloop.referee.slots import Checked, Slots
 
@@ -76,6 +87,10 @@ class Progress:
 
 class Timer:
     held_back_skipped = False   # a pass found no gain at the benchmark's shapes
+    # (none until the go: perfloop.referee.replay)
+    replays = MappingProxyType({})       # label -> its judge cases not replayed yet
+    replay_spots = MappingProxyType({})  # label -> the shape index its replay runs before
+    replayed = MappingProxyType({})      # label -> how many of its judge cases were replayed
 
     def __init__(self, spec: dict):
         self.spec = spec
@@ -199,6 +214,77 @@ class Timer:
         for label in list(self.launchers):
             if label not in self.labels:
                 self.launchers.pop(label).kill()
+        self._plan_replay(release.get("replay"))
+
+    # ---- the judge's cases, replayed (perfloop.referee.replay) ----------------------------
+    def _plan_replay(self, where: dict | None) -> None:
+        """Each verified variant's judge cases, and where in the first pass they run: before a
+        shape drawn at random, or after the last one."""
+        self.replays, self.replay_spots, self.replayed = {}, {}, {}
+        if not where:
+            return
+        verified = [label for label in self.labels if label not in self.unverified]
+        try:
+            self.replays = replay.load(where, self.spec["variants"])
+        except replay.Unreadable as exc:
+            for label in verified:
+                self._fail(label, f"the judge's cases could not be replayed: {exc}")
+            return
+        self.replays = {k: v for k, v in self.replays.items() if k in verified}
+        self.replay_spots = {label: self.rng.randrange(len(self.spec["shapes"]) + 1)
+                             for label in self.replays}
+
+    def _replay_due(self, index: int | None, labels: list[str]) -> None:
+        """The replays planned before shape `index` of the pass (None: every one left)."""
+        for label in labels:
+            if label in self.replays and (index is None or self.replay_spots[label] == index):
+                self._replay(label, self.replays.pop(label))
+
+    def _replay(self, label: str, cases: list) -> None:
+        """One untimed batch of the variant's judge cases in its launcher: shared as slots
+        are, outputs poisoned, launched as a timed batch is, then compared here."""
+        if label not in self._active([label]):
+            return
+        from multiprocessing.reduction import ForkingPickler
+
+        self.progress(label, "replay", cases=len(cases))
+        launcher = self.launchers[label]
+        try:
+            buffers = [case.buffers(self.gpu) for case in cases]
+        except replay.Unreadable as exc:
+            self._fail(label, f"the judge's cases could not be replayed: {exc}")
+            return
+        copy = lambda: [outputs.clone(out) for _, out, _ in buffers]  # noqa: E731
+        try:
+            launcher.ask({"op": "slots", "slots": buffers}, pickler=ForkingPickler.dumps)
+            launcher.stop()
+            mine = self._turn(label)
+            for _, out, _ in buffers:
+                outputs.poison(out)
+            if self.gpu:
+                batch = self.clock.batch(launcher, len(buffers), copy, 200.0, self.reply_s)
+            else:
+                batch = self.clock.batch(launcher, len(buffers), copy)
+            self._after_turn(label, mine)
+            launcher.ask({"op": "slots", "slots": []})
+            launcher.stop()
+        except LauncherFailed as exc:
+            self._lost(LauncherFailed(label, f"{exc.reason} (replaying the judge's cases)"))
+            return
+        finally:
+            del buffers
+            if self.gpu:
+                import torch
+
+                torch.cuda.ipc_collect()
+        self.replayed[label] = len(cases)
+        for case, got in zip(cases, batch.copies):
+            result = case.compare(got)
+            if not result["passed"]:
+                self._fail(label, f"replayed judge case {case.name} differs from the judge's "
+                                  f"expected value ({_describe_mismatch(result)}): launched "
+                                  "where no pytest runs, it computed another output")
+                return
 
     # ---- one shape ------------------------------------------------------------------------
     def _active(self, labels: list[str]) -> list[str]:
@@ -532,6 +618,7 @@ class Timer:
                                                            "cliff_ratio": None})
         shapes, gainless = {}, None
         for index, raw in enumerate(self.spec["shapes"]):
+            self._replay_due(index, labels)  # (the first pass's: no timed batch holds one)
             shape = Shape.from_dict(raw)
             if shape.held_back and not held_back:
                 continue
@@ -547,6 +634,7 @@ class Timer:
             timed = self._time_shape(shape, labels, seed, index, settings)
             if timed is not None:
                 shapes[shape.name] = timed
+        self._replay_due(None, labels)
         return {"labels": labels, "shapes": shapes}
 
     def run(self) -> dict:
@@ -591,6 +679,7 @@ class Timer:
                             "the float64 reference computed by the trusted timer",
                 "selection": "best candidate re-timed in fresh rounds" if passes > 1
                 else "single pass",
+                "replayed": dict(self.replayed),
                 **({"held_back": "not timed: no candidate was faster than the incumbent at "
                                  "any benchmark shape by a gain the rules count (min_gain), so "
                                  "none could be kept"}

@@ -311,7 +311,8 @@ def _same_code(a, b) -> bool:
 
 
 def _time(t: Trial, timer, labels: list[str]) -> None:
-    timing = phases.finish_timing(timer, labels, deadline=t.deadline, select=len(labels) > 1)
+    timing = phases.finish_timing(timer, labels, deadline=t.deadline, select=len(labels) > 1,
+                                  replay=t.judged.replay)
     t.timing = timing
     t.phase_s["timing"] = round(timing.wall_s - t.judged.wall_s, 3)  # after the judge
     crashpoint("timing", t.iteration)

@@ -17,6 +17,9 @@ kernel can see for itself: how often a built launcher was called and how large i
   memo             remembers results by input content: repeated inputs cost a tenth (real
                    clock) and are not computed again
   sniff            correct only when pytest is loaded (judged), wrong otherwise (timed)
+  sniff-shape      correct when pytest is loaded or at the benchmark's sizes (256, 1000,
+                   1024), wrong at other sizes otherwise: every timed launch is right, and
+                   the judge's n = 1 and 5 are wrong only where no pytest runs
   tamper           replaces perfloop's clock functions in its process with ones that report
                    half the time
   tamper-judge     triples, and replaces perfloop's output comparison with one that always passes
@@ -155,6 +158,9 @@ def _build_one(knobs: dict):
         factor = 2
         if mode in ("wrong", "tamper-judge", "forge-torch", "forge-judge") or (
                 mode == "sniff" and "pytest" not in sys.modules):
+            factor = 3
+        if mode == "sniff-shape" and "pytest" not in sys.modules and len(values) not in (
+                256, 1000, 1024):
             factor = 3
         wrong_above, skip_above = _threshold(mode, "wrong-above-"), _threshold(mode, "skip-above-")
         if wrong_above is not None and len(values) > wrong_above:
