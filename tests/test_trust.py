@@ -181,79 +181,59 @@ def test_perfloops_own_files_changed_since_the_run_started_refuse_the_next_step(
     assert len(scratch.records()) == 1
 
 
+def _confined_attempts(confine: str, attempts: dict, env: dict, cwd) -> str:
+    """In a fresh interpreter, `confine` (an expression that confines it and says how), then
+    each attempt (name -> an expression that touches a file): "name: done" or "name: refused"
+    for each, joined by ";"."""
+    tries = ", ".join(f"({name!r}, lambda: {expr})" for name, expr in attempts.items())
+    code = (f"import os\nfrom perfloop.core import sandbox\nprint({confine})\nout = []\n"
+            f"for what, fn in ({tries},):\n    try:\n        fn()\n"
+            f"        out.append(what + ': done')\n    except OSError:\n"
+            f"        out.append(what + ': refused')\nprint(';'.join(out))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env=env, cwd=cwd)
+    lines = result.stdout.strip().splitlines()
+    assert lines and lines[0].startswith("landlock ABI"), result
+    return lines[1]
+
+
+@LANDLOCK
 def test_a_child_that_runs_kernel_code_is_confined_where_the_kernel_allows(tmp_path):
     """The sandbox itself: writes only beneath the allowed folders, reads only the allowed."""
-    if sandbox.abi() < 1:
-        pytest.skip("this kernel has no Landlock")
-    import subprocess
-    import sys
-    import textwrap
-
     ok, secret = tmp_path / "ok", tmp_path / "secret"
     ok.mkdir()
     secret.mkdir()
     (secret / "s.txt").write_text("secret")
-    code = textwrap.dedent(f"""
-        import os, sys
-        from perfloop.core import sandbox
-        print(sandbox.confine([{str(ok)!r}], sandbox.environment_reads({str(tmp_path)!r})))
-        out = []
-        for what, fn in (("write ok", lambda: open({str(ok / 'a')!r}, "w").write("x")),
-                         ("write secret", lambda: open({str(secret / 'b')!r}, "w").write("x")),
-                         ("read secret", lambda: open({str(secret / 's.txt')!r}).read())):
-            try:
-                fn()
-                out.append(what + ": done")
-            except OSError:
-                out.append(what + ": refused")
-        print(";".join(out))
-        """)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            env=env, cwd=tmp_path)
-    lines = result.stdout.strip().splitlines()
-    assert lines[0].startswith("landlock ABI"), result
-    assert lines[1] == "write ok: done;write secret: refused;read secret: refused"
+    said = _confined_attempts(
+        f"sandbox.confine([{str(ok)!r}], sandbox.environment_reads({str(tmp_path)!r}))",
+        {"write ok": f"open({str(ok / 'a')!r}, 'w').write('x')",
+         "write secret": f"open({str(secret / 'b')!r}, 'w').write('x')",
+         "read secret": f"open({str(secret / 's.txt')!r}).read()"}, env, tmp_path)
+    assert said == "write ok: done;write secret: refused;read secret: refused"
 
 
+@LANDLOCK
 def test_a_confined_child_opens_devices_and_shared_memory_but_makes_nothing_in_dev(tmp_path):
     """/dev/null and memory the trusted side shared (a file it made in /dev/shm) open for
     writing, and the file may be removed (torch unlinks what it was the last to use); a new
     file in /dev/shm, and any other device, do not."""
-    if sandbox.abi() < 1:
-        pytest.skip("this kernel has no Landlock")
-    import textwrap
-
     shared = Path("/dev/shm") / f"perfloop_test_{os.getpid()}_{tmp_path.name}"
     made = shared.with_name(shared.name + "_made.py")
     removed = shared.with_name(shared.name + "_removed")
     shared.write_bytes(b"\0" * 64)
     removed.write_bytes(b"\0")
-    code = textwrap.dedent(f"""
-        import os
-        from perfloop.core import sandbox
-        print(sandbox.apply_from_environ())
-        out = []
-        for what, fn in (("null", lambda: open("/dev/null", "w").write("x")),
-                         ("shared", lambda: open({str(shared)!r}, "r+b").write(b"y")),
-                         ("made", lambda: open({str(made)!r}, "w").write("VALUE = 1")),
-                         ("removed", lambda: os.unlink({str(removed)!r})),
-                         ("random", lambda: open("/dev/random", "wb").write(b"x"))):
-            try:
-                fn()
-                out.append(what + ": done")
-            except OSError:
-                out.append(what + ": refused")
-        print(";".join(out))
-        """)
     env = sandbox.child_environment({**os.environ, "PYTHONPATH": pythonpath()},
                                     tmp_path / "child", reads=[], root=tmp_path)
     try:
-        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                env=env, cwd=tmp_path)
-        lines = result.stdout.strip().splitlines()
-        assert lines and lines[0].startswith("landlock ABI"), result
-        assert lines[1] == "null: done;shared: done;made: refused;removed: done;random: refused", result
+        said = _confined_attempts(
+            "sandbox.apply_from_environ()",
+            {"null": "open('/dev/null', 'w').write('x')",
+             "shared": f"open({str(shared)!r}, 'r+b').write(b'y')",
+             "made": f"open({str(made)!r}, 'w').write('VALUE = 1')",
+             "removed": f"os.unlink({str(removed)!r})",
+             "random": "open('/dev/random', 'wb').write(b'x')"}, env, tmp_path)
+        assert said == "null: done;shared: done;made: refused;removed: done;random: refused"
         assert shared.read_bytes()[:1] == b"y" and not made.exists() and not removed.exists()
     finally:
         for path in (shared, made, removed):
