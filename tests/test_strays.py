@@ -96,3 +96,20 @@ def test_a_daemon_below_a_daemon_dies_with_it():
 def test_a_phase_still_running_is_no_stray():
     seen = _scene("live")
     assert seen["keeper_alive"] and not seen["deep_alive"], seen
+
+
+def test_no_program_is_spared_by_its_name(monkeypatch):
+    """A daemon that kernel code left running torch's shared-memory manager (a red-team one
+    did, with a library of its own preloaded, and slowed the incumbent's launchers through
+    the timing phase) is a stray like any other: only helpers perfloop registered are not."""
+    import os
+
+    from perfloop.core import spawn
+    from perfloop.measure import process
+
+    me, daemon, helper = os.getpid(), 10 ** 7 + 1, 10 ** 7 + 2
+    table = {pid: spawn.Proc(me, pid, pid) for pid in (daemon, helper)}
+    monkeypatch.setattr(spawn, "process_table", lambda: table)
+    monkeypatch.setattr(spawn, "torch_shm_manager", lambda pid: True, raising=False)
+    monkeypatch.setattr(spawn, "OWN_HELPERS", {helper})
+    assert process._strays() == [daemon]

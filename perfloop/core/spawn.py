@@ -24,22 +24,6 @@ BOOTSTRAP = (Path(__file__).resolve().parents[1] / "child" / "bootstrap.py").rea
 OWN_HELPERS: set[int] = set()  # long-lived helpers of this process in sessions of their own
 
 
-def torch_shm_manager(pid: int) -> bool:
-    """Whether `pid` runs torch's shared-memory manager, which torch starts in a session of its
-    own for the first tensor this process shares. (Kernel code could start one too: it is
-    torch's own program, which only serves shared memory.)"""
-    import importlib.util
-
-    spec = importlib.util.find_spec("torch")
-    if spec is None or not spec.submodule_search_locations:
-        return False
-    binary = os.path.join(list(spec.submodule_search_locations)[0], "bin", "torch_shm_manager")
-    try:
-        return os.path.realpath(os.readlink(f"/proc/{pid}/exe")) == os.path.realpath(binary)
-    except OSError:
-        return False
-
-
 def own_helper(pid: int) -> None:
     """A helper this process started in a session of its own (GitPython's cat-file): not a
     stray for perfloop.measure.process.kill_strays."""

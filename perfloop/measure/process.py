@@ -38,9 +38,10 @@ STRAY_SWEEPS = 20  # a sweep per generation of daemons below daemons, at most
 def kill_strays() -> int:
     """Kill the processes that came to this one (a subreaper: perfloop.cli makes it one) in a
     session of their own without being started by it: daemons that kernel code left, once
-    their parent died (this process's own helpers: GitPython's are registered, torch's
-    shared-memory manager is known by its program), and everything below each of them, in
-    one pass: a daemon that keeps a child of its own must not see that child come back here
+    their parent died (this process's own helpers, GitPython's, are registered; no program is
+    spared by its name: a red-team daemon ran torch's shared-memory manager, which once was,
+    and slowed the incumbent's launchers through the timing phase), and everything below
+    each of them, in one pass: a daemon that keeps a child of its own must not see that child come back here
     after the sweep, alive. Sweeps again until one finds nothing. Returns how many."""
     killed = 0
     for _ in range(STRAY_SWEEPS):
@@ -61,8 +62,7 @@ def _strays() -> list[int]:
     mine, tree = _session(me), spawn.process_table()
     roots = [pid for pid, proc in tree.items()
              if proc.parent == me and pid not in _LIVE | spawn.OWN_HELPERS
-             and proc.session != mine
-             and not spawn.torch_shm_manager(pid)]
+             and proc.session != mine]
     return [pid for root in roots for pid in (root, *spawn.descendants_in(tree, root))]
 
 
