@@ -26,14 +26,17 @@ REAL_CLOCK = {"SCRIPTED_REAL_CLOCK": "1"}   # launches sleep their scripted time
 # Identical work timed on a wall clock by a loaded 2-core machine reads up to about 1% apart
 # between two launcher processes, now and then with an interval clear of 1 (CI once kept
 # "tamper" so, at a gain the rules count from 0.5%). What a trick would gain is 50% and
-# more: counting gains from 5% only tells the trick from that noise.
+# more: counting gains from 5% only tells the trick from that noise. For the same reason a
+# baseline is refused only when its A/A control is 25% apart, not 5% (a loaded machine read
+# 5.1% and 5.7%, and the test never reached its trick).
 TRICK_GAIN = "0.05"
+TRICK_CONTROL_GAP = "0.25"
 
 
 def _step(scratch: Scratch, mode: str, *, env: dict | None = None, script=None) -> dict:
     """The incumbent before, and the experiment of an agent step that sets the kernel's mode."""
     if env is REAL_CLOCK:
-        scratch.rules(min_gain=TRICK_GAIN)
+        scratch.rules(min_gain=TRICK_GAIN, max_control_gap=TRICK_CONTROL_GAP)
     if script is not None:
         scratch.script(script)
     if env is REAL_CLOCK or script is not None:
