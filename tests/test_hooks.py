@@ -354,3 +354,25 @@ def test_unchanged_holds_nan_equal_to_nan_and_sees_one_changed_element():
     y[2] = 4.0
     assert not verify.unchanged((y,), (x,))
     assert not verify.unchanged(([1.0, 2.0],), ([1.0, 2.5],))
+
+
+def test_the_timers_poison_is_nan_noise_or_zeros_drawn_each_time():
+    """What a launch finds in its output tells it nothing: NaN, noise or zeros, by the timer's
+    draw, over every element whatever was there; integers keep their largest value."""
+    import random
+
+    import torch
+
+    from perfloop.core import outputs
+
+    rng, seen = random.Random(5), set()
+    for _ in range(30):
+        out, ints = torch.full((64,), 7.0), torch.zeros(4, dtype=torch.int32)
+        outputs.poison((out, ints), rng)
+        assert not (out == 7.0).any() and (ints == torch.iinfo(torch.int32).max).all()
+        seen.add("nan" if out.isnan().all() else "zeros" if (out == 0).all() else
+                 "noise" if out.abs().max() > 100 else "other")
+    assert seen == {"nan", "noise", "zeros"}
+    plain = torch.ones(3)
+    outputs.poison(plain)                      # (judges and hooks: NaN, as before)
+    assert plain.isnan().all()

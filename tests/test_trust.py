@@ -103,6 +103,15 @@ def test_less_work_on_inputs_it_has_seen_gains_nothing(scratch):
     assert e["correctness"] == "PASS"  # (hashing its inputs may even cost: "regression")
 
 
+def test_work_done_only_on_outputs_perfloop_poisoned_gains_nothing(scratch):
+    """A kernel that computes only where it finds its output NaN (what perfloop, and judges,
+    filled outputs with) is wrong for a user whose output holds anything else; a red-team
+    one was kept so. The timer now poisons with NaN, noise or zeros, drawn per batch."""
+    e = _step(scratch, "nan-out", script=[{"when": {"mode": "nan-out"}, "factor": {"*": 0.5}}])
+    _not_kept(e)
+    assert e["correctness"] == "FAIL", e
+
+
 def test_an_honest_edit_thirty_percent_faster_is_kept(scratch):
     e = _step(scratch, "fast", env=REAL_CLOCK,
               script=[{"when": {"mode": "fast"}, "factor": {"*": 0.7}}])

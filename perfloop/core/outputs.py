@@ -42,14 +42,26 @@ def dtype_name(x, fallback: str) -> str:
     return str(x.dtype).removeprefix("torch.") if _is_tensor(x) else fallback
 
 
-def poison(out) -> None:
+POISONS = ("nan", "noise", "zeros")
+
+
+def poison(out, rng=None) -> None:
     """Overwrite every element: NaN for floating outputs, the largest value for integers, so an
-    element the kernel does not write cannot pass."""
+    element the kernel does not write cannot pass. With `rng` (the timer's), a floating output
+    gets NaN, noise of a large spread or zeros, drawn each time: a kernel that does its work
+    only when it finds NaN there (as every launch perfloop checked used to) is wrong where a
+    user's output holds anything else, and a check sees it."""
+    kind = rng.choice(POISONS) if rng is not None else "nan"
     for leaf in leaves(out):
         if _is_tensor(leaf):
             import torch
 
-            if leaf.is_floating_point() or leaf.is_complex():
+            if (leaf.is_floating_point() or leaf.is_complex()) and kind == "noise":
+                g = torch.Generator(device=leaf.device).manual_seed(rng.randrange(1 << 62))
+                leaf.normal_(0.0, 1000.0, generator=g)
+            elif (leaf.is_floating_point() or leaf.is_complex()) and kind == "zeros":
+                leaf.zero_()
+            elif leaf.is_floating_point() or leaf.is_complex():
                 leaf.fill_(float("nan"))
             elif leaf.dtype == torch.bool:
                 leaf.fill_(True)

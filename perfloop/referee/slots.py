@@ -68,7 +68,7 @@ class Slots:
             inputs, out, extra = self.buffers[i]
             new = self.contract.make_inputs(self.shape, self._next_seed(), self.device)
             outputs.refill(inputs, new)
-            outputs.poison(out)
+            outputs.poison(out, self.rng)
             for buffer in extra:
                 outputs.poison(buffer)
             if i in chosen:

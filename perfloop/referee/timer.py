@@ -260,7 +260,7 @@ class Timer:
             launcher.stop()
             mine = self._turn(label)
             for _, out, _ in buffers:
-                outputs.poison(out)
+                outputs.poison(out, self.rng)
             if self.gpu:
                 batch = self.clock.batch(launcher, len(buffers), copy, 200.0, self.reply_s)
             else:

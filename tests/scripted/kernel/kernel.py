@@ -37,6 +37,8 @@ kernel can see for itself: how often a built launcher was called and how large i
                    writes to the run's record, table, state, git refs and hooks
   plant            doubles, and writes a git post-commit hook and into perfloop's own source
   outside          imports a module from $SCRIPTED_OUTSIDE, outside the repository
+  nan-out          computes only where it finds its output NaN, as perfloop poisoned every
+                   output it checked; leaves it as it is otherwise
   shm              writes a module to /dev/shm (named by $SCRIPTED_SHM_TAG) and imports it: a
                    place every process may use, that no experiment commits and that
                    outlives the experiment
@@ -149,6 +151,8 @@ def _build_one(knobs: dict):
         if delay:
             time.sleep(delay)
         shape, values = inputs
+        if mode == "nan-out" and not torch.isnan(out).all():
+            return _sleep(latency(knobs, shape, calls))
         if _threshold(mode, "exit-at-") == len(values):
             os._exit(0)
         if _threshold(mode, "skip-at-") == len(values) and "pytest" in sys.modules:
