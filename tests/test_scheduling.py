@@ -48,3 +48,33 @@ def test_a_launcher_that_took_more_than_the_timer_is_named(child):
         os.sched_setscheduler(child, want.policy, os.sched_param(0))
         os.setpriority(os.PRIO_PROCESS, child, want.nice - 1)
         assert f"nice {want.nice - 1}" in scheduling.gained([child], want)[0]
+
+
+def test_a_launcher_is_stopped_again_once_it_has_answered(monkeypatch):
+    """Sharing a shape's slots (an ask) continues every launcher; one left running then ran
+    beside the incumbent's warm-up and first rounds (a red-team kernel's thread saw it)."""
+    import signal
+
+    from perfloop.referee import launchers
+
+    sent = []
+    monkeypatch.setattr(launchers, "_signal_group", lambda pgid, sig: sent.append(sig))
+
+    class Channel:
+        def send_pickle(self, message, pickler=None):
+            pass
+
+        def recv_json(self, timeout_s):
+            return {"ok": True}
+
+    class Proc:
+        pid = 10 ** 7
+
+        def poll(self):
+            return None
+
+    launcher = object.__new__(launchers.Launcher)
+    launcher.label, launcher.reply_s, launcher.running = "candidate-0", 5.0, False
+    launcher.channel, launcher.proc = Channel(), Proc()
+    assert launcher.ask({"op": "slots", "slots": []}) == {"ok": True}
+    assert sent == [signal.SIGCONT, signal.SIGSTOP] and not launcher.running

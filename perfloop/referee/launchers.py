@@ -150,13 +150,18 @@ class Launcher:
         self.stop()
 
     def ask(self, message: dict, pickler=None, timeout_s: float | None = None) -> dict:
-        """Send `message` and wait for the answer, continued while it works."""
+        """Send `message` and wait for the answer, continued while it works and stopped once
+        it has answered: a launcher left running after the slots were shared ran beside the
+        incumbent's warm-up and first rounds (a red-team kernel's thread saw them)."""
         self.cont()
         try:
             self.channel.send_pickle(message, pickler)
         except Closed as exc:
             raise self._failed(str(exc)) from None
-        answer = self._answer(timeout_s or self.reply_s)
+        try:
+            answer = self._answer(timeout_s or self.reply_s)
+        finally:
+            self.stop()
         if "raised" in answer:
             raise LauncherFailed(self.label, str(answer["raised"])[:300])
         return answer
