@@ -5,6 +5,7 @@ Pure functions first, then runs of the scripted kernel (which buckets its inputs
 """
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -1271,6 +1272,7 @@ def test_a_held_out_shape_in_an_unmeasured_bucket_counts_where_it_runs(scratch, 
 
 
 def test_a_cliff_candidate_is_dropped_early_and_the_others_are_decided(scratch):
+    running = set(os.listdir("/proc"))   # (another process's shared memory is not ours)
     scratch.script([{"when": {"occupancy": 2}, "factor": {"*": 15}},
                     {"when": {"occupancy": 8}, "factor": {"*": 0.9}}])
     scratch.commit_all("script")
@@ -1282,6 +1284,9 @@ def test_a_cliff_candidate_is_dropped_early_and_the_others_are_decided(scratch):
     assert slow[0]["outcome"] == "slow" and "cliff" in slow[0]["reason"]
     assert rec["status"] == "keep" and rec["value"] == 8
     assert all(o["outcome"] == "ok" for o in rec["outcomes"].values() if o["value"] != 2)
+    # the timer's CPU slots (files in /dev/shm) went with it, the dropped launcher's too
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith("torch_")
+                and n.split("_")[1] not in running], "shared memory left behind"
 
 
 def test_a_candidate_that_fails_to_compile_is_recorded_and_the_others_go_on(scratch):
