@@ -257,7 +257,6 @@ class Timer:
         copy = lambda: [outputs.clone(out) for _, out, _ in buffers]  # noqa: E731
         try:
             launcher.ask({"op": "slots", "slots": buffers}, pickler=ForkingPickler.dumps)
-            launcher.stop()
             mine = self._turn(label)
             for _, out, _ in buffers:
                 outputs.poison(out, self.rng)
@@ -267,7 +266,6 @@ class Timer:
                 batch = self.clock.batch(launcher, len(buffers), copy)
             self._after_turn(label, mine)
             launcher.ask({"op": "slots", "slots": []})
-            launcher.stop()
         except LauncherFailed as exc:
             self._lost(LauncherFailed(label, f"{exc.reason} (replaying the judge's cases)"))
             return
@@ -551,7 +549,6 @@ class Timer:
                 self.progress(label, "compile", shape=shape.name)
                 slots.refill(1, 0)
                 self.launchers[label].ask({"op": "prime"}, timeout_s=max(self.reply_s, 600))
-                self.launchers[label].stop()
                 if label == INCUMBENT:
                     for check in (0, 1):
                         self._calibrate(slots, shape, check)
