@@ -54,6 +54,22 @@ def kill_strays() -> int:
     return killed
 
 
+def unlink_shared_memory(pid: int) -> None:
+    """Once the child `pid` has exited: the torch shared memory named for it in /dev/shm (the
+    timer's CPU slots). torch's manager unlinks it after the child, but it then comes to
+    perfloop, which kills it as any daemon (no program is spared by name), and it stayed. Not
+    the child's own work: torch unlinks each again as the child exits, and aborted where one
+    was gone (the timer on an H100)."""
+    import glob
+    import os
+
+    for path in glob.glob(f"/dev/shm/torch_{pid}_*"):
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
 def _strays() -> list[int]:
     """The strays below this process and all their descendants (see kill_strays)."""
     import os
@@ -155,6 +171,7 @@ class Running:
                     break
         finally:
             self.kill()  # also reaps anything the child left running in its group
+            unlink_shared_memory(self.proc.pid)
         return ChildResult(None if timed_out else self.proc.returncode, timed_out,
                            time.monotonic() - self.started, self.log, stalled)
 

@@ -686,21 +686,6 @@ class Timer:
         for launcher in self.launchers.values():
             launcher.kill()
         spawn.kill_descendants(spare=self._own)  # torch's manager may serve a process after us
-        _unlink_shared_memory(os.getpid())
-
-
-def _unlink_shared_memory(pid: int) -> None:
-    """The timer's CPU slots, files in /dev/shm named for the process that made them: gone
-    once its launchers are (a file's mappings outlive its name). torch's manager would unlink
-    them after the timer exits, but it comes to perfloop then, which kills it as it kills any
-    daemon (no program is spared by name), and they stayed."""
-    import glob
-
-    for path in glob.glob(f"/dev/shm/torch_{pid}_*"):
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
 
 
 def may_gain(shapes: dict, candidates: list[str], min_gain: float = 0.0) -> bool:
