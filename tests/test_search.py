@@ -1006,6 +1006,14 @@ def test_a_launch_shorter_than_the_timers_bracket_sets_no_cliff_by_its_ratio():
     assert cliff_bound(None, 0.5, 0.01) is None
 
 
+def test_a_short_pad_grows_to_what_the_batch_needed_at_most_fourfold():
+    from perfloop.referee.timer import longer_pad
+
+    assert longer_pad(200.0, 300.0) == 400.0        # doubled at least
+    assert longer_pad(200.0, 480.0) == 600.0        # what it needed, with a quarter to spare
+    assert longer_pad(200.0, 50_000.0) == 800.0     # one slow batch cannot set it alone
+
+
 # ---- runs of the scripted kernel -------------------------------------------------------------
 SPLIT = [{"when": {"tile": [1, 2048]},
           "factor": {"head": 0.8, "tail": 0.8, "held:head": 0.8, "held:tail": 0.8,

@@ -229,6 +229,7 @@ class Batch:
     copies: dict
     host_s: float
     host_bound: bool = False
+    pad_needed_us: float = 0.0   # the pad that would have kept this batch's host time out
 
 
 class WallClock:
@@ -311,4 +312,4 @@ class GpuClock:
         # half the pad at most: launches issued just as the sleep ends reach the GPU while it
         # runs the batch's first ones, and a tiny kernel's batch then times slower
         return Batch(start.elapsed_time(end), copies, float(answer.get("host_s") or 0.0),
-                     host_bound=host_s * 1e6 > pad_us / 2)
+                     host_bound=host_s * 1e6 > pad_us / 2, pad_needed_us=2 * host_s * 1e6)

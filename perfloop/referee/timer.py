@@ -55,8 +55,11 @@ CHECKS_PER_BATCH = 2
 # launches of 40 us host work each needs 10 ms and more); past a second, the variant fails
 MAX_PAD_US = 1_000_000.0
 # a warm-up of one-launch batches stops here even short of warmup_ms: each batch also costs
-# its flush, its sleep and a round trip (ms), so a 40 us kernel took 30 s to reach 100 ms
-WARM_MAX_BATCHES = 40
+# its flush, its sleep and a round trip (ms), so a 40 us kernel took 30 s to reach 100 ms. The
+# GPU is warm from the shapes and variants before; the rounds alternate their order, so what
+# warming is left falls on no one variant (at 40 batches, SwiGLU's warm-ups took a fifth of a
+# step on an H100)
+WARM_MAX_BATCHES = 12
 MAX_SLOTS = 256
 SLOT_MEMORY_SHARE = 0.25   # of the GPU memory free when a shape starts
 
@@ -71,6 +74,14 @@ def cliff_bound(ratio: float | None, incumbent_ms: float, bracket_ms: float) -> 
     if not ratio or incumbent_ms <= 0:
         return None
     return ratio * max(incumbent_ms, bracket_ms)
+
+
+def longer_pad(pad_us: float, needed_us: float) -> float:
+    """The pad after a batch whose host time outlasted it: doubled, or up to four times as
+    long where that batch needed more. Doubled from 200 us, each step cost a wasted batch (five
+    at SwiGLU's shapes on an H100); raised to all one batch needed, a batch that the host slowed
+    once kept its shape's pad at 140 ms."""
+    return min(max(pad_us * 2, needed_us * 1.25), pad_us * 4)
 
 
 class Progress:
@@ -355,7 +366,7 @@ class Timer:
             batch = self.clock.batch(launcher, n, copy, pad, self.reply_s)
             self._after_turn(label, mine)
             if batch.host_bound:
-                self._longer_pad(label, shape, pad)
+                self._longer_pad(label, shape, pad, batch.pad_needed_us)
                 return None
         else:
             batch = self.clock.batch(launcher, n, copy)
@@ -376,12 +387,13 @@ class Timer:
         return statistics.mean(self.simulated(mine, shape, self.rng.randrange(1 << 30))
                                for _ in range(n))
 
-    def _longer_pad(self, label: str, shape: Shape, pad: float) -> None:
-        if pad * 2 > MAX_PAD_US:
+    def _longer_pad(self, label: str, shape: Shape, pad: float, needed: float = 0.0) -> None:
+        longer = longer_pad(pad, needed)
+        if longer > MAX_PAD_US:
             raise LauncherFailed(label, f"its launches keep the host busy longer than "
                                         f"{MAX_PAD_US / 1e6:.0f} s per batch: their host time "
                                         "cannot be kept out of the device time")
-        self.pads[shape.name] = pad * 2
+        self.pads[shape.name] = longer
 
     def _settle_pad(self, labels: list[str], slots: Slots, shape: Shape, n: int) -> None:
         """One untimed batch of `n` launches per variant, the pad lengthened until each one's
@@ -420,7 +432,7 @@ class Timer:
                 pad = self.pads.setdefault(shape.name, 200.0)
                 batch = self.clock.batch(launcher, 0, copy, pad, self.reply_s)
                 if batch.host_bound:
-                    self._longer_pad(INCUMBENT, shape, pad)
+                    self._longer_pad(INCUMBENT, shape, pad, batch.pad_needed_us)
                     continue
             else:
                 batch = self.clock.batch(launcher, 0, copy)
@@ -470,9 +482,11 @@ class Timer:
         to see. On a GPU a batch is one launch; on a CPU, min_reps (a lone launch is lost in the
         wall clock's noise)."""
         spent, recent, clean, batches = 0.0, [], [], 0
-        check = label not in self.unverified
         n = self._warm_n(settings)
         while (spent < settings.warmup_ms and batches < WARM_MAX_BATCHES) or len(recent) < 3:
+            # the first batch checked (a wrong kernel goes before its rounds); the others
+            # not: a check at a large shape costs more than the launch (a float64 reference)
+            check = label not in self.unverified and batches == 0
             ms = self._batch(label, slots, n, check, shape, -1, {})
             if ms is None:
                 continue
