@@ -131,9 +131,7 @@ def make_inputs(shape, seed: int, device):
     one tolerance per dtype fits every shape."""
     m, n, k = shape.dims
     draw, dtype = kt.Draws(seed, device), DTYPES[shape.dtype]
-    a = draw.normal((m, k))
-    b = draw.normal((k, n)) / k ** 0.5
-    return a.to(dtype), b.to(dtype)
+    return draw.normal((m, k), dtype), draw.normal((k, n), dtype).div_(k ** 0.5)
 
 
 def empty_output(inputs):

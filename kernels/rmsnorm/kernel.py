@@ -198,10 +198,10 @@ _launcher = kt.launchers(build, KNOBS)   # knobs (None: knobs.json's) -> launch,
 def make_inputs(shape, seed: int, device):
     """x ~ N(0, 1) with rows of different scales, w ~ 1 + N(0, 0.1)."""
     draw, dtype = kt.Draws(seed, device), DTYPES[shape.dtype]
-    x = draw.normal(shape.dims)
-    x *= draw.uniform((*shape.dims[:-1], 1)) * 4 + 0.25
+    x = draw.normal(shape.dims, dtype)
+    x *= (draw.uniform((*shape.dims[:-1], 1)) * 4 + 0.25).to(dtype)
     w = 1 + 0.1 * draw.normal(shape.dims[-1])
-    return x.to(dtype), w.to(dtype)
+    return x, w.to(dtype)
 
 
 def empty_output(inputs):

@@ -182,9 +182,7 @@ _launcher = kt.launchers(build, KNOBS)   # knobs (None: knobs.json's) -> launch,
 def make_inputs(shape, seed: int, device):
     """Drawn on the device: the timing worker draws fresh inputs for every checked launch."""
     draw, dtype = kt.Draws(seed, device), DTYPES[shape.dtype]
-    a = draw.normal(shape.dims) * 3
-    b = draw.normal(shape.dims)
-    return a.to(dtype), b.to(dtype)
+    return draw.normal(shape.dims, dtype).mul_(3), draw.normal(shape.dims, dtype)
 
 
 def empty_output(inputs):
