@@ -224,6 +224,14 @@ def test_a_kernel_right_under_pytest_and_at_every_timed_size_fails_by_replay(scr
     assert record["correctness_detail"]["passed"] == {"candidate-0": True}  # judged right
 
 
+def test_a_kernel_that_reads_the_timers_progress_cannot_tell_a_replay(scratch):
+    """sniff-progress is sniff-shape that is also right where the timer's progress file says a
+    replay comes next: kernel code cannot read the trusted processes' files."""
+    before, out = _cheat(scratch, "sniff-progress")
+    _assert_not_kept(scratch, before, out,
+                     "replayed judge case n=1 differs from the judge's expected value")
+
+
 def test_a_kernel_that_ends_the_judge_early_with_status_0_is_not_kept(scratch):
     """The judge's cases are n = 1, 5, 1000 and the timer's 256 to 1024: a kernel that exits
     quietly at n = 5 has passed n = 1 and never runs n = 5 or 1000. (Judged in shards:

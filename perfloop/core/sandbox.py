@@ -239,10 +239,13 @@ class Confinement:
     reads: tuple = ()
 
 
-def confinement_for(mode: str, kernel_folder, judge_file, work) -> Confinement:
-    """A kernel's children may read its folder, its judge's folder and the run's work folder
-    (the incumbent's and the contract's copies are there)."""
-    places = (kernel_folder, os.path.dirname(str(judge_file)), work)
+def confinement_for(mode: str, kernel_folder, judge_file, copies) -> Confinement:
+    """A kernel's children may read its folder, its judge's folder and `copies`, where the
+    run exports the incumbent's and the contract's code; not the rest of the run's work
+    folder, where the trusted processes keep their files: a kernel that read the timer's
+    progress knew when the judge's cases were replayed (tests/test_adversarial.py)."""
+    os.makedirs(copies, exist_ok=True)   # (Landlock grants folders that exist)
+    places = (kernel_folder, os.path.dirname(str(judge_file)), copies)
     return Confinement(mode, tuple(str(p) for p in places))
 
 

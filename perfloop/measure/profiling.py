@@ -53,8 +53,8 @@ def profile(s: Session, *, kernel_name: str | None = None, launch_skip: int = 0,
     started, t0 = time.time(), time.monotonic()
     work = s.work / f"profile-{phases.nonce()}"
     work.mkdir(parents=True, exist_ok=True)
-    folder = s.export_commit(st.incumbent, work / "incumbent")
-    contract = s.export_commit(st.base_commit, work / "contract")
+    folder = s.export_commit(st.incumbent, s.copies(work.name) / "incumbent")
+    contract = s.export_commit(st.base_commit, s.copies(work.name) / "contract")
     knobs = json.loads(plainfile.read_text(folder / "knobs.json"))
     head = s.spec.headline
     target_spec = work / "target.json"

@@ -43,8 +43,8 @@ def measure(s: Session) -> dict:
     else:
         work = s.work / f"confirm-{phases.nonce()}"
         work.mkdir(parents=True, exist_ok=True)
-        base_dir = s.export_commit(st.base_commit, work / "baseline")
-        final_dir = s.export_commit(st.incumbent, work / "final")
+        base_dir = s.export_commit(st.base_commit, s.copies(work.name) / "baseline")
+        final_dir = s.export_commit(st.incumbent, s.copies(work.name) / "final")
         base = {"label": INCUMBENT, "folder": base_dir, "knobs": s.spec.read_knobs(base_dir)}
         variants = [base, {**base, "label": "incumbent-again"},
                     {"label": FINAL, "folder": final_dir, "knobs": s.spec.read_knobs(final_dir)}]

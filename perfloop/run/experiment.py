@@ -89,7 +89,7 @@ class Trial:
     @property
     def allowed(self) -> list:
         """What children may import from inside the repository."""
-        return [self.s.spec.folder, self.work]
+        return [self.s.spec.folder, self.work, self.s.copies(self.tag)]
 
     @property
     def dispatching(self) -> bool:
@@ -153,8 +153,8 @@ def begin(s: Session, proposal: Proposal) -> Trial:
         trial.phase_s["commit"] = phases.elapsed(t)
     crashpoint("started", iteration)
     trial.work.mkdir(parents=True, exist_ok=True)
-    trial.incumbent_dir = s.export_commit(s.state.incumbent, trial.work / "incumbent")
-    trial.contract_dir = s.export_commit(s.state.base_commit, trial.work / "contract")
+    trial.incumbent_dir = s.export_commit(s.state.incumbent, s.copies(tag) / "incumbent")
+    trial.contract_dir = s.export_commit(s.state.base_commit, s.copies(tag) / "contract")
     trial.incumbent_knobs = s.spec.read_knobs(trial.incumbent_dir)
     return trial
 

@@ -29,6 +29,7 @@ LEGACY_STOP_WORDS = (
     (StopReason.NOTHING_LEFT, "nothing left to try"),
     (StopReason.BASELINE_FAILED, "the baseline did not pass ("),
 )
+COPIES = "code"   # in the work folder: the exported code children run, all they may read there
 NAME_MAX_BYTES = 100   # the run's branch, cutile-perf-<name>-<date>, and its refs must fit
 # what recovery reads of an in-flight marker: key -> (types, required)
 FLIGHT_KEYS = {"iteration": ((int,), True), "kind": ((str,), True), "tag": ((str,), False),
@@ -218,7 +219,7 @@ class Session:
         from perfloop.core.sandbox import confinement_for
 
         return confinement_for(self.playbook.rules.confine, self.spec.folder,
-                               self.root / self.spec.judge_rel, self.work)
+                               self.root / self.spec.judge_rel, self.work / COPIES)
 
     # ---- state and records -------------------------------------------------------------
     @property
@@ -448,6 +449,11 @@ class Session:
     # ---- derived views -----------------------------------------------------------------
     def export_commit(self, sha: str, dest: Path) -> Path:
         return gitops.export_folder(self.repo, sha, self.folder_rel, dest)
+
+    def copies(self, tag: str) -> Path:
+        """Where an experiment (or a bench, a confirmation, a profile) named `tag` exports the
+        code its children run: the one place in the work folder they may read."""
+        return self.work / COPIES / tag
 
     def incumbent_knobs(self) -> dict:
         text = gitops.file_at(self.repo, self.state.incumbent, f"{self.folder_rel}/{kernel.KNOBS}")

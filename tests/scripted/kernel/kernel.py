@@ -20,6 +20,8 @@ kernel can see for itself: how often a built launcher was called and how large i
   sniff-shape      correct when pytest is loaded or at the benchmark's sizes (256, 1000,
                    1024), wrong at other sizes otherwise: every timed launch is right, and
                    the judge's n = 1 and 5 are wrong only where no pytest runs
+  sniff-progress   sniff-shape, but right wherever the newest timing progress file under
+                   sandbox/ says a replay comes next (the timer writes each stage before it)
   tamper           replaces perfloop's clock functions in its process with ones that report
                    half the time
   tamper-judge     triples, and replaces perfloop's output comparison with one that always passes
@@ -163,8 +165,9 @@ def _build_one(knobs: dict):
         if mode in ("wrong", "tamper-judge", "forge-torch", "forge-judge") or (
                 mode == "sniff" and "pytest" not in sys.modules):
             factor = 3
-        if mode == "sniff-shape" and "pytest" not in sys.modules and len(values) not in (
-                256, 1000, 1024):
+        if mode in ("sniff-shape", "sniff-progress") and "pytest" not in sys.modules \
+                and len(values) not in (256, 1000, 1024) \
+                and not (mode == "sniff-progress" and _replay_next()):
             factor = 3
         wrong_above, skip_above = _threshold(mode, "wrong-above-"), _threshold(mode, "skip-above-")
         if wrong_above is not None and len(values) > wrong_above:
@@ -182,6 +185,17 @@ def _build_one(knobs: dict):
         _sleep(ms)
 
     return launch
+
+
+def _replay_next() -> bool:
+    """Whether the newest timing progress file that this process can read (its working folder
+    is the repository's root) says a replay of the judge's cases comes next."""
+    try:
+        files = sorted(Path("sandbox").glob("*/work/**/timing-*-progress.jsonl"),
+                       key=lambda p: p.stat().st_mtime)
+        return bool(files) and json.loads(files[-1].read_text().splitlines()[-1])["stage"] == "replay"
+    except (OSError, ValueError, KeyError, IndexError):
+        return False
 
 
 def _attempt(write) -> None:
