@@ -180,7 +180,7 @@ _launcher = kt.launchers(build, KNOBS)   # knobs (None: knobs.json's) -> launch,
 
 # ---- the plug-in contract ------------------------------------------------------------------
 def make_inputs(shape, seed: int, device):
-    """Drawn on the device: the timing worker draws fresh inputs for every checked launch."""
+    """Drawn on the device: the timer draws fresh inputs for every launch it times."""
     draw, dtype = kt.Draws(seed, device), DTYPES[shape.dtype]
     return draw.normal(shape.dims, dtype).mul_(3), draw.normal(shape.dims, dtype)
 
