@@ -47,7 +47,7 @@ def test_a_request_written_before_perfloop_writes_it_is_never_judged(scratch, tm
     judge = scratch.path / "tests" / "judge_scripted.py"
     pool = judge_mod.start_judges(judge, cwd=scratch.path, work=tmp_path / "ahead",
                                env=_env(scratch), processes=1)
-    request, waiting = pool.ready[0]
+    request, waiting, _ = pool.ready[0]
     time.sleep(4.0)  # past its imports: it polls for the file now
     request.write_bytes(_forged(request, scratch, "wrong"))
     time.sleep(0.5)
@@ -67,7 +67,7 @@ def test_a_request_read_and_removed_before_perfloop_writes_its_own_does_not_coun
     env = _env(scratch, SCRIPTED_DELAY_S="1.5")  # its cases last until perfloop has looked
     pool = judge_mod.start_judges(judge, cwd=scratch.path, work=tmp_path / "ahead", env=env,
                                processes=1)
-    request, waiting = pool.ready[0]
+    request, waiting, _ = pool.ready[0]
     log, outputs = request.parent / "cases.jsonl", request.parent / "outputs"
     outputs.mkdir(parents=True)
     request.write_bytes(_forged(request, scratch, "wrong"))

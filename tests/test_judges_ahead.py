@@ -4,11 +4,13 @@ judge or time is what a child started then judges or times."""
 
 import dataclasses
 import json
+import shutil
 import time
 from pathlib import Path
 
 from support.timing import time_scripted
 
+from perfloop.core.kernel import code_digest
 from perfloop.measure import judge as judge_mod
 from perfloop.measure import phases
 from perfloop.run import ahead
@@ -21,16 +23,16 @@ def _variants(scratch, **modes) -> list[dict]:
             for label, mode in modes.items()]
 
 
-def _judge(scratch, judge: Path, work: Path, variants, processes: int, pool=None):
+def _judge(scratch, judge: Path, work: Path, variants, processes: int, pool=None, cache=None):
     return judge_mod.judge(judge, variants, cwd=scratch.path, work=work,
                         deadline=time.monotonic() + 300, stall_s=120,
                         env=phases.child_env(scratch.path / "playbook"), processes=processes,
-                        share_cases=True, pool=pool)
+                        share_cases=True, pool=pool, cache=cache)
 
 
-def _start(scratch, judge: Path, work: Path, processes: int) -> judge_mod.JudgePool:
+def _start(scratch, judge: Path, work: Path, processes: int, **cache) -> judge_mod.JudgePool:
     return judge_mod.start_judges(judge, cwd=scratch.path, work=work, processes=processes,
-                               env=phases.child_env(scratch.path / "playbook"))
+                               env=phases.child_env(scratch.path / "playbook"), **cache)
 
 
 def _requests(folder: Path) -> list[dict]:
@@ -43,7 +45,7 @@ def test_judges_started_ahead_give_the_verdict_of_judges_started_then(scratch, t
     every request went to a waiting process, and none of them is left running."""
     judge = scratch.path / "tests" / "judge_scripted.py"
     pool = _start(scratch, judge, tmp_path / "ahead", 4)
-    waiting = [running for _, running in pool.ready]
+    waiting = [found[1] for found in pool.ready]
     time.sleep(1.0)  # (they may still be starting: a request written early is read then)
     variants = _variants(scratch, good="ok", wrong="wrong-above-100")
     ahead = _judge(scratch, judge, tmp_path / "work", variants, 4, pool)
@@ -82,7 +84,7 @@ def test_a_judge_that_died_while_waiting_is_replaced_and_unused_ones_are_killed(
     assert len(_requests(tmp_path / "ahead")) == 1 and len(_requests(tmp_path / "work")) == 1
 
     pool = _start(scratch, judge, tmp_path / "more", 3)
-    spare = [running for _, running in pool.ready[1:]]
+    spare = [found[1] for found in pool.ready[1:]]
     res = _judge(scratch, judge, tmp_path / "work2", _variants(scratch, c0="ok"), 1, pool)
     assert res.passed == {"c0": True} and len(_requests(tmp_path / "more")) == 1
     assert all(running.proc.poll() is not None for running in spare)  # not needed: killed
@@ -117,6 +119,56 @@ def test_a_timing_worker_started_ahead_times_what_it_is_then_given(scratch, tmp_
     assert used is not dead[1] and not dead[0].exists() and not timing.crashed
 
 
+def _marking_judge(scratch) -> Path:
+    """The scripted judge, which in a kernel pass also leaves a file in its compile cache."""
+    judge = scratch.path / "tests" / "judge_cache_marks.py"
+    judge.write_text((scratch.path / "tests" / "judge_scripted.py").read_text() + (
+        "\nimport os as _os\nfrom perfloop.core import judging as _judging\n"
+        "if _judging.MODE == _judging.KERNEL:\n"
+        "    _os.makedirs(_os.environ['CUDA_TILE_CACHE_DIR'], exist_ok=True)\n"
+        "    open(_os.path.join(_os.environ['CUDA_TILE_CACHE_DIR'], f'judged-{_os.getpid()}'),"
+        " 'w').close()\n"))
+    return judge
+
+
+def _marks(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.rglob("judged-*"))
+
+
+def test_a_kernel_pass_compiles_into_its_codes_cache_only_where_it_runs_one_code(
+        scratch, tmp_path):
+    """The timer replays the judge's cases from each code's compile cache (phases.
+    start_timing's `cache`): a kernel pass whose variants all have one code compiles into
+    that code's cache, so replay does not compile them again; one that runs two codes, or
+    was started ahead for other code, never writes either code's cache."""
+    judge, cache = _marking_judge(scratch), tmp_path / "cache"
+    other = tmp_path / "other"
+    shutil.copytree(scratch.kernel, other)
+    (other / "kernel.py").write_text((other / "kernel.py").read_text() + "\n# edited\n")
+    mine, theirs = (cache / code_digest(f) for f in (scratch.kernel, other))
+    res = _judge(scratch, judge, tmp_path / "one", _variants(scratch, a="ok", b="ok"), 2,
+                 cache=cache)
+    assert res.passed == {"a": True, "b": True} and len(_marks(mine)) == 2
+    assert not _marks(tmp_path / "one")   # (the links in its folders lead there)
+
+    both = [*_variants(scratch, c="ok"), {**_variants(scratch, d="ok")[0], "folder": str(other)}]
+    res = _judge(scratch, judge, tmp_path / "two", both, 1, cache=cache)
+    assert res.passed == {"c": True, "d": True}
+    assert len(_marks(mine)) == 2 and not theirs.exists()
+    assert len(_marks(tmp_path / "two")) == 1   # its own cache
+
+    pool = _start(scratch, judge, tmp_path / "ahead", 1, cache=cache, code_folder=other)
+    waiting = pool.ready[0][1]
+    res = _judge(scratch, judge, tmp_path / "three", _variants(scratch, e="ok"), 1, pool, cache)
+    assert res.passed == {"e": True} and waiting.proc.poll() is not None
+    assert len(_marks(mine)) == 3 and not _marks(theirs) and not _requests(tmp_path / "ahead")
+
+    pool = _start(scratch, judge, tmp_path / "ahead2", 1, cache=cache, code_folder=scratch.kernel)
+    res = _judge(scratch, judge, tmp_path / "four", _variants(scratch, f="ok"), 1, pool, cache)
+    assert res.passed == {"f": True} and len(_requests(tmp_path / "ahead2")) == 1
+    assert len(_marks(mine)) == 4
+
+
 def test_children_start_ahead_only_for_a_gpu_kernel_in_a_run_of_several_experiments(
         scratch, monkeypatch):
     """A CPU kernel's clock would feel them starting; `perfloop step` runs one experiment."""
@@ -134,7 +186,7 @@ def test_children_start_ahead_only_for_a_gpu_kernel_in_a_run_of_several_experime
     try:
         assert s.judges is not None and len(s.judges.ready) == judge_mod.processes_for(
             s.playbook.rules.judge_processes)  # (at most one per CPU)
-        waiting = [running for _, running in s.judges.ready] + [s.timer[1]]
+        waiting = [found[1] for found in s.judges.ready] + [s.timer[1]]
     finally:
         ahead.discard(s)
     assert s.judges is None and s.timer is None

@@ -25,7 +25,8 @@ from pathlib import Path
 
 from perfloop.core import plainfile, progress
 from perfloop.core.atomic import digest, json_bytes, write_bytes
-from perfloop.core.sandbox import Confinement, kernel_env
+from perfloop.core.kernel import code_digest
+from perfloop.core.sandbox import Confinement, kernel_env, linked_cache
 from perfloop.measure import process
 from perfloop.measure.phases import nonce, variants_json
 
@@ -66,16 +67,16 @@ class JudgePool:
     request file. `judge` takes them in place of new processes; `discard` kills what is left."""
 
     key: tuple                                       # (judge file, cwd, environment)
-    ready: list = field(default_factory=list)        # kernel passes: [(request, Running)]
+    ready: list = field(default_factory=list)        # kernel passes: [(request, Running, cache)]
     referee: tuple | None = None                     # the reference pass: (request, Running)
 
     def take(self, key: tuple):
         """A waiting kernel pass for a judge with this key, or None."""
         while self.ready and key == self.key:
-            request, running = self.ready.pop(0)
-            if running.proc.poll() is None:
-                return request, running
-            running.kill()
+            found = self.ready.pop(0)
+            if found[1].proc.poll() is None:
+                return found
+            found[1].kill()
         return None
 
     def take_referee(self, key: tuple):
@@ -105,21 +106,41 @@ def _kernel_folder(work: Path) -> Path:
     return folder
 
 
+def shared_cache(cache: Path | None, folders) -> Path | None:
+    """The compile cache a kernel pass shares with the timer's launchers (perfloop.measure.
+    phases): its variants' code's, where they all have one code, so the cases it compiles
+    are in cache when the timer replays them (RMSNorm's baseline on an H100 spent 55.6 s
+    compiling 13 replayed cases again). A process never writes the cache of code it does
+    not run: with several codes, a cache of its own."""
+    codes = {code_digest(Path(f)) if f else None for f in folders}
+    if cache is None or len(codes) != 1 or None in codes:
+        return None
+    return Path(cache) / codes.pop()
+
+
 def _start_kernel_pass(judge_file: Path, cwd: Path, work: Path, env: dict,
-                       confinement: Confinement, progress: list = ()) -> tuple:
+                       confinement: Confinement, shared: Path | None = None) -> tuple:
+    """(request, Running, shared): a kernel pass waiting for its request, in a folder of its
+    own, with the compile cache `shared` where one is given (its own otherwise)."""
     folder = _kernel_folder(work)
     request = folder / "request.json"
+    if shared is not None:
+        env = {**env, "CUDA_TILE_CACHE_DIR": linked_cache(folder, shared)}
     return request, process.start(
         _kernel_cmd(judge_file, cwd, request), log=folder / "pytest.log", cwd=cwd,
-        env=kernel_env(env, folder, cwd, confinement), progress=list(progress))
+        env=kernel_env(env, folder, cwd, confinement)), shared
 
 
 def start_judges(judge_file: Path, *, cwd: Path, work: Path, env: dict, processes: int,
-                 confinement: Confinement = Confinement()) -> JudgePool:
-    """Start `processes` kernel passes and a reference pass for the next experiment."""
+                 confinement: Confinement = Confinement(), cache: Path | None = None,
+                 code_folder: Path | None = None) -> JudgePool:
+    """Start `processes` kernel passes and a reference pass for the next experiment; the
+    kernel passes share the compile cache of `code_folder`'s code (shared_cache), which the
+    variants they are given must all have for them to be taken."""
     pool = JudgePool(_pool_key(judge_file, cwd, env, confinement))
+    shared = shared_cache(cache, [code_folder]) if code_folder is not None else None
     for _ in range(processes):
-        pool.ready.append(_start_kernel_pass(judge_file, cwd, work, env, confinement))
+        pool.ready.append(_start_kernel_pass(judge_file, cwd, work, env, confinement, shared))
     request = work / f"referee-{nonce()}.json"
     pool.referee = (request, process.start(_referee_cmd(judge_file, cwd, request),
                                            log=request.with_suffix(".log"), env=env, cwd=cwd))
@@ -151,13 +172,17 @@ def _fresh(ready: tuple | None, files) -> tuple | None:
 def _kernel_pass(judge_file: Path, variants: list[dict], *, cwd: Path, work: Path,
                  deadline: float, stall_s: float, env: dict, cancel: threading.Event,
                  confinement: Confinement, shown=None, contract: dict | None = None,
-                 shard: tuple | None = None, ready: tuple | None = None) -> tuple:
+                 shard: tuple | None = None, ready: tuple | None = None,
+                 cache: Path | None = None) -> tuple:
     """Run one kernel pass: (its ChildResult, its case-log entries, its audit, its outputs)."""
+    shared = shared_cache(cache, [v.get("folder") for v in variants])
     ready = _fresh(ready, _kernel_files)
+    if ready is not None and ready[2] != shared:  # started for other code: not this one's cache
+        ready[1].kill()
+        ready = None
     if ready is None:
-        request, running = _start_kernel_pass(judge_file, cwd, work, env, confinement)
-    else:
-        request, running = ready
+        ready = _start_kernel_pass(judge_file, cwd, work, env, confinement, shared)
+    request, running, _ = ready
     _, log, imports, outputs = _kernel_files(request)
     outputs.mkdir()
     body = json_bytes({"variants": variants_json(variants), "log": str(log),
@@ -257,11 +282,12 @@ class _Passes:
 def judge(judge_file: Path, variants: list[dict], *, cwd: Path, work: Path, deadline: float,
           stall_s: float, env: dict, processes: int = 1, share_cases: bool = False,
           contract: dict | None = None, pool: JudgePool | None = None,
-          confinement: Confinement = Confinement()) -> JudgeResult:
+          confinement: Confinement = Confinement(), cache: Path | None = None) -> JudgeResult:
     """Judge the variants: kernel passes side by side (see split) and one reference pass, which
     gives the verdict. `contract` ({folder, copy}): the run's pinned copy of the kernel
     folder, whose tolerance hook perfloop.correctness.tolerance reads. `pool`: processes
-    started ahead for this judge (start_judges); whatever is left of it is killed."""
+    started ahead for this judge (start_judges); whatever is left of it is killed. `cache`:
+    where the timer keeps each code's compile cache (shared_cache)."""
     out, t0 = JudgeResult(), time.monotonic()
     key = _pool_key(judge_file, cwd, env, confinement)
     referee = _start_referee(judge_file, variants, cwd=cwd, work=work, env=env,
@@ -274,7 +300,7 @@ def judge(judge_file: Path, variants: list[dict], *, cwd: Path, work: Path, dead
     try:
         passes = _run_passes(judge_file, pending, out, cwd=cwd, work=work, deadline=deadline,
                              stall_s=stall_s, env=env, contract=contract, count=len(variants),
-                             confinement=confinement)
+                             confinement=confinement, cache=cache)
         process.kill_strays()  # what kernel code left running ends with its judge
         verdict = _finish_referee(referee, passes.folders, deadline, stall_s)
     finally:

@@ -18,7 +18,9 @@ def start(s: Session) -> None:
     if s.judges is None:
         s.judges = judge.start_judges(
             s.root / s.spec.judge_rel, cwd=s.root, work=s.work / "ahead", env=env,
-            processes=judge.processes_for(rules.judge_processes), confinement=s.confinement())
+            processes=judge.processes_for(rules.judge_processes), confinement=s.confinement(),
+            # the next candidates' code is the working tree's (a catalog step's, a baseline's)
+            cache=s.sandbox / "cache", code_folder=s.spec.folder)
     if s.timer is None:
         s.timer = phases.start_timer_ahead(cwd=s.root, work=s.work / "ahead", env=env)
 

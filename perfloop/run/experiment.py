@@ -88,7 +88,9 @@ class Trial:
 
     @property
     def allowed(self) -> list:
-        """What children may import from inside the repository."""
+        """What children may import from inside the repository: the kernel folder, the
+        exported code, and the iteration's work folder, where torch.compile and Triton write
+        the modules they then import (each child's own cache)."""
         return [self.s.spec.folder, self.work, self.s.copies(self.tag)]
 
     @property
@@ -277,7 +279,7 @@ def _judge(t: Trial, env: dict, timer, warmers: list) -> None:
             processes=judge.processes_for(t.rules.judge_processes),
             share_cases=s.spec.requires_gpu,  # its cases compile
             contract={"folder": str(s.spec.folder), "copy": str(t.contract_dir)}, pool=pool,
-            confinement=s.confinement()
+            confinement=s.confinement(), cache=s.sandbox / "cache"
         ) if t.candidates else judge.JudgeResult(detail="none left to judge")
     except BaseException:  # Ctrl-C while judging: the waiting worker goes too
         phases.abandon(timer)
