@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, Scratch, pythonpath
 
+from perfloop.core import sandbox
 from perfloop.core.playbook import SHIPPED, Optimization
 from perfloop.measure import ncu
 from perfloop.plan import profile_rank
@@ -184,14 +185,14 @@ def test_profile_records_ncus_values_and_next_ranks_by_them(started, fake_ncu):
     assert record["knobs"]["tile"] == [1, 1024] and record["wall_s"] > 0
     [call] = [json.loads(line) for line in fake_ncu[1].read_text().splitlines()]
     # ncu ran the incumbent's launch at the headline shape, and it ran to its end
-    assert call["app"][1:4] == ["-P", "-m", "perfloop.child.profile_target"]
+    assert call["app"][1] == "-c" and call["app"][4] == "perfloop.child.profile_target"
     assert call["app_returncode"] == 0
     assert call["options"]["--target-processes"] == "all"
     assert call["options"]["--profile-from-start"] == "off"
     assert call["options"]["--clock-control"] == "none"
     target = json.loads(Path(call["app"][-1]).read_text())
     assert target["shape"]["name"] == "head" and target["launches"] == 1
-    assert list((started.path / "sandbox/scripted/work").glob("profile-*/target-done.json"))
+    assert list((started.path / "sandbox/scripted/work").glob("profile-*/k-*/target-done.json"))
 
     code, memory, _ = started.cli("next", "--kernel", "scripted")
     assert code == 0 and memory["profile"]["used"]
@@ -211,6 +212,23 @@ def test_profile_records_ncus_values_and_next_ranks_by_them(started, fake_ncu):
                         json_out=False)
     assert "profile (Nsight Compute, the final incumbent, kernel cutile_kernel_main): " in text
     assert "sm_pct 83.14%" in text
+
+
+@pytest.mark.skipif(sandbox.abi() < 1, reason="this kernel has no Landlock")
+def test_the_profiled_kernel_code_is_confined_like_every_child(scratch, fake_ncu, tmp_path):
+    """The profiled process runs the incumbent's code (`perfloop run` profiles after each
+    keep): it writes only its own folder, as a launcher does. Unconfined, it wrote here."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    knobs = json.loads((scratch.kernel / "knobs.json").read_text())
+    (scratch.kernel / "knobs.json").write_text(json.dumps({**knobs, "mode": "write-outside"}))
+    scratch.commit_all("a kernel that writes outside its folder")
+    assert scratch.cli("init", "--kernel", "scripted", env={"SCRIPTED_OUTSIDE": str(outside)})[0] == 0
+    assert not list(outside.iterdir())
+    code, out, err = profile_with(scratch, fake_ncu, "memory", SCRIPTED_OUTSIDE=str(outside))
+    assert code == 0, err
+    [call] = [json.loads(line) for line in fake_ncu[1].read_text().splitlines()]
+    assert call["app_returncode"] == 0 and not list(outside.iterdir())
 
 
 def test_a_profile_of_an_older_incumbent_is_not_used(scratch, fake_ncu):

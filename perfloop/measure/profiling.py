@@ -1,18 +1,23 @@
 """Profiler evidence for the incumbent: Nsight Compute (ncu) around one warm launch at the
 headline shape, recorded in sandbox/<kernel>/profile.json (the ncu version, the command, every
 profiled kernel's raw values, and the metrics `next` ranks by). Writes nothing else but its
-logs under sandbox/<kernel>/work/."""
+logs under sandbox/<kernel>/work/.
+
+The profiled process runs kernel code, so it starts as every such child does
+(perfloop.child.bootstrap) and is confined like one: it may write only its own folder, not
+ncu's log (which ncu writes from its own process) nor the record; what it left running is
+killed when ncu ends."""
 
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
 from perfloop.core import plainfile
 from perfloop.core.atomic import write_json
 from perfloop.core.errors import NeedsGPU
+from perfloop.core.sandbox import kernel_env
 from perfloop.core.vocab import Status
 from perfloop.measure import ncu, phases, process
 from perfloop.plan import profile_rank
@@ -57,20 +62,25 @@ def profile(s: Session, *, kernel_name: str | None = None, launch_skip: int = 0,
     contract = s.export_commit(st.base_commit, s.copies(work.name) / "contract")
     knobs = json.loads(plainfile.read_text(folder / "knobs.json"))
     head = s.spec.headline
-    target_spec = work / "target.json"
+    mine = work / f"k-{phases.nonce()}"   # the profiled process's own folder
+    mine.mkdir()
+    target_spec = mine / "target.json"
     write_json(target_spec, {"contract_folder": str(contract), "folder": str(folder),
                              "knobs": knobs, "shape": head.as_dict(), "warmup": 3,
-                             "launches": 1, "out": str(work / "target-done.json")})
-    target = [sys.executable, "-P", "-m", "perfloop.child.profile_target", str(target_spec)]
+                             "launches": 1, "out": str(mine / "target-done.json")})
+    target = process.python(s.root, "perfloop.child.profile_target", str(target_spec))
     requested, unavailable = rules.requested(), []
-    env = phases.child_env(s.playbook_dir)
+    env = kernel_env(phases.child_env(s.playbook_dir), mine, s.root, s.confinement())
     deadline = time.monotonic() + s.playbook.rules.iteration_timeout_s
     for attempt in range(TRIES):
         csv_log = work / f"ncu-{attempt}.csv"
         cmd = ncu.command(path, requested, target, log=str(csv_log), launch_skip=launch_skip,
                           launch_count=launch_count, kernel_name=kernel_name)
-        res = process.run(cmd, timeout_s=deadline - time.monotonic(), log=work / f"ncu-{attempt}.log",
-                        env=env, cwd=s.root)
+        try:
+            res = process.run(cmd, timeout_s=deadline - time.monotonic(),
+                              log=work / f"ncu-{attempt}.log", env=env, cwd=s.root)
+        finally:
+            process.kill_strays()   # (what the profiled kernel code left running)
         text = _read(csv_log) + "\n" + _read(res.log)
         if ncu.permission_denied(text):
             raise NeedsGPU("ncu may not read this GPU's performance counters "

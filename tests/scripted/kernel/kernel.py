@@ -39,6 +39,7 @@ kernel can see for itself: how often a built launcher was called and how large i
                    writes to the run's record, table, state, git refs and hooks
   plant            doubles, and writes a git post-commit hook and into perfloop's own source
   outside          imports a module from $SCRIPTED_OUTSIDE, outside the repository
+  write-outside    doubles, and writes a file into $SCRIPTED_OUTSIDE when built
   nan-out          computes only where it finds its output NaN, as perfloop poisoned every
                    output it checked; leaves it as it is otherwise
   shm              writes a module to /dev/shm (named by $SCRIPTED_SHM_TAG) and imports it: a
@@ -131,6 +132,9 @@ def _build_one(knobs: dict):
         _plant()
     if mode == "deprioritize" and "pytest" not in sys.modules:
         _deprioritize_siblings()
+    if mode == "write-outside":
+        _attempt(lambda: (Path(os.environ["SCRIPTED_OUTSIDE"]) / f"written-{os.getpid()}")
+                 .write_text("x"))
     if mode == "outside":
         sys.path.insert(0, os.environ["SCRIPTED_OUTSIDE"])
         __import__("outside_helper")
