@@ -107,4 +107,5 @@ def pytest_sessionfinish(session, exitstatus):
 
         write_json(Path(request["imports_out"]), {
             "imports": imported_files(), "selected": SELECTED, "finished": FINISHED,
-            "request": REQUEST_DIGEST, "collected": COLLECTED, "failed": FAILED})
+            "request": REQUEST_DIGEST, "collected": COLLECTED, "failed": FAILED,
+            "exitstatus": int(session.exitstatus)})

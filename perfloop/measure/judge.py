@@ -41,6 +41,7 @@ class JudgeResult:
     imports: set = field(default_factory=set)    # every file a judge process imported
     doubted: dict = field(default_factory=dict)  # label -> why its kernel pass failed it
     wall_s: float = 0.0
+    passes_s: float = 0.0                        # of wall_s, until every kernel pass ended
     detail: str = ""
     processes: int = 1                           # kernel-pass processes run side by side
     replay: dict | None = None                   # the judge's replayable cases: {path, digest}
@@ -191,8 +192,12 @@ def _kernel_pass(judge_file: Path, variants: list[dict], *, cwd: Path, work: Pat
                        **({"contract": contract} if contract else {})})
     running.adopt(progress=[log])
     write_bytes(request, body)  # (atomic: the waiting process reads all of it or nothing)
+    # its audit, written last in its session, is all it delivers besides its cases and
+    # outputs: what it does after that counts for nothing, so its teardown is not awaited
+    # (a pass that writes an audit early only cuts its own cases short)
     res = running.wait(deadline=deadline, stall_s=stall_s, cancel=cancel,
-                       on_progress=shown.watch(log) if shown else None)
+                       on_progress=shown.watch(log) if shown else None,
+                       done=imports.exists)
     entries = _read_lines(log)
     audit = _read_json(imports)
     if audit:
@@ -228,8 +233,10 @@ def _read_json(path: Path) -> dict:
 def _incomplete(res: process.ChildResult, audit: dict) -> str:
     """Why a kernel pass cannot stand, or "": it died or hung, pytest itself failed, or it
     ended before every case it was given had run (its audit says how many did)."""
-    if res.died or res.returncode not in (0, 1):
-        return res.describe()
+    status = res.returncode if res.returncode is not None else audit.get("exitstatus")
+    if res.died or status not in (0, 1):
+        return res.describe() if res.returncode is not None or not res.delivered else (
+            f"pytest ended its session with status {status}")
     if audit.get("selected") is None:
         return (f"{res.describe()} without finishing its session (an exit from inside a test?), "
                 "so not every case it was given ran")
@@ -302,6 +309,7 @@ def judge(judge_file: Path, variants: list[dict], *, cwd: Path, work: Path, dead
                              stall_s=stall_s, env=env, contract=contract, count=len(variants),
                              confinement=confinement, cache=cache)
         process.kill_strays()  # what kernel code left running ends with its judge
+        out.passes_s = round(time.monotonic() - t0, 3)
         verdict = _finish_referee(referee, passes.folders, deadline, stall_s)
     finally:
         referee[1].kill()
@@ -402,7 +410,7 @@ def _finish_referee(referee: tuple, folders: dict, deadline: float, stall_s: flo
     request, running, body_digest = referee
     _, compare, verdict, cases = _referee_files(request)
     write_bytes(compare, json_bytes({"labels": folders}))
-    res = running.wait(deadline=deadline, stall_s=None)
+    res = running.wait(deadline=deadline, stall_s=None, done=verdict.exists)  # (atomic)
     found = _read_json(verdict)
     if res.died or not found:
         return {"error": f"the judge's reference pass {res.describe()} (log: {res.log})"}

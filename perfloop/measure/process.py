@@ -89,13 +89,21 @@ class ChildResult:
     wall_s: float
     log: Path
     stalled: bool = False
+    # ended by perfloop once it had delivered what it was asked for (wait's `done`), without
+    # waiting for its exit: torch and CUDA took 1.3-2.2 s to tear down each judge process on
+    # an H100, while the experiment waited (returncode: None unless it had exited by then)
+    delivered: bool = False
 
     @property
     def died(self) -> bool:
         """Killed by a signal or by the deadline (as opposed to exiting with a status)."""
+        if self.delivered:
+            return self.returncode is not None and self.returncode < 0
         return self.timed_out or self.returncode is None or self.returncode < 0
 
     def describe(self) -> str:
+        if self.delivered and self.returncode is None:
+            return "ended by perfloop once it had delivered its result"
         if self.stalled:
             return f"killed after {self.wall_s:.0f}s: no progress for too long (a hang)"
         if self.timed_out:
@@ -144,19 +152,25 @@ class Running:
 
     def wait(self, *, deadline: float, stall_s: float | None = None,
              cancel: threading.Event | None = None,
-             on_progress: Callable[[], None] | None = None) -> ChildResult:
+             on_progress: Callable[[], None] | None = None,
+             done: Callable[[], bool] | None = None) -> ChildResult:
         """`cancel`, once set (from another thread), ends the wait as a timeout would.
         `on_progress` is called whenever the watched files change (what the live progress
-        line shows comes from the same files as the watchdog's verdict)."""
-        timed_out = stalled = False
+        line shows comes from the same files as the watchdog's verdict). `done`, once true,
+        ends the wait as the child's exit would: it has delivered its result (it is killed)."""
+        timed_out = stalled = delivered = False
         last_mark, last_change = _progress_mark(self.watched), time.monotonic()
+        tick = 0.25 if done is None else 0.02
         try:
             while True:
                 try:
-                    self.proc.wait(timeout=min(0.25, max(deadline - time.monotonic(), 0.001)))
+                    self.proc.wait(timeout=min(tick, max(deadline - time.monotonic(), 0.001)))
                     break
                 except subprocess.TimeoutExpired:
                     pass
+                if done is not None and done():
+                    delivered = True
+                    break
                 now = time.monotonic()
                 if now >= deadline or cancel is not None and cancel.is_set():
                     timed_out = True
@@ -172,8 +186,11 @@ class Running:
         finally:
             self.kill()  # also reaps anything the child left running in its group
             unlink_shared_memory(self.proc.pid)
-        return ChildResult(None if timed_out else self.proc.returncode, timed_out,
-                           time.monotonic() - self.started, self.log, stalled)
+        code = None if timed_out else self.proc.returncode
+        if delivered:   # (killed just now, unless it had exited on its own)
+            code = code if code is not None and code >= 0 else None
+        return ChildResult(code, timed_out, time.monotonic() - self.started, self.log, stalled,
+                           delivered)
 
 
 def start(cmd: list[str], *, log: Path, env: dict | None = None, cwd: Path | None = None,

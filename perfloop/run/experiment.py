@@ -292,6 +292,8 @@ def _judge(t: Trial, env: dict, timer, warmers: list) -> None:
     ahead.start(s)  # the next experiment's judges and timer, while this one is timed
     t.judged = judged
     t.phase_s["correctness"] = judged.wall_s
+    if judged.passes_s:   # the rest is the reference pass's comparison and verdict
+        t.phase_s["judge_passes"] = judged.passes_s
     t.compile_ahead = {"processes": len(warmers), "finished_while_judged": warmed,
                        "judge_processes": judged.processes}
     crashpoint("correctness", t.iteration)
