@@ -13,6 +13,7 @@ also writes the cases the timer can replay where no pytest runs (perfloop.core.j
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import time
@@ -24,6 +25,7 @@ from perfloop.core import judge_replay, judging, outputs, plainfile
 from perfloop.core.atomic import digest, write_bytes, write_json
 
 REQUEST_DIGEST = ""
+READ_AT = 0.0        # (monotonic) when the request was read: the verdict says where time went
 FAILED: dict = {}   # test id -> its first error line: the judge itself failed without kernel code
 WAIT_S = 3600        # for the outputs, after the expected values are computed
 
@@ -34,7 +36,7 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
-    global REQUEST_DIGEST
+    global REQUEST_DIGEST, READ_AT
     path = config.getoption("--perfloop-reference")
     if path:
         from perfloop.core.lifeline import guard_parent, wait_for_task
@@ -45,6 +47,7 @@ def pytest_configure(config):
         raw = Path(path).read_bytes()
         judging.REQUEST, REQUEST_DIGEST = json.loads(raw), digest(raw)
         judging.MODE = judging.REFERENCE
+        READ_AT = time.monotonic()
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -60,8 +63,11 @@ def pytest_sessionfinish(session, exitstatus):
     request = judging.REQUEST
     if not request:
         return
+    marks = {"expected": time.monotonic()}
     replay = _write_cases(request)  # (while the kernel passes still run)
+    marks["cases_written"] = time.monotonic()
     asked = _wait_for(Path(request["compare"]))
+    marks["asked"] = time.monotonic()
     verdict = {"request": REQUEST_DIGEST, "reference_failures": FAILED,
                "expected": len(judging.ORDER), "labels": {},
                **({"replay": replay} if replay else {})}
@@ -69,11 +75,32 @@ def pytest_sessionfinish(session, exitstatus):
         from perfloop.core.imports import imported_files
 
         verdict["imports"] = imported_files()
-        for label, folders in asked["labels"].items():
-            verdict["labels"][label] = judge_label(label, [Path(f) for f in folders])
+        marks["imports_listed"] = time.monotonic()
+        with _one_thread():
+            for label, folders in asked["labels"].items():
+                verdict["labels"][label] = judge_label(label, [Path(f) for f in folders])
+        marks["compared"] = time.monotonic()
     else:
         verdict["error"] = "no comparison was asked for"
+    # seconds from reading the request to each mark (where a judge's time goes)
+    verdict["marks_s"] = {k: round(t - READ_AT, 3) for k, t in marks.items()}
     write_json(Path(request["verdict"]), verdict)
+
+
+@contextlib.contextmanager
+def _one_thread():
+    """torch's CPU ops on one thread while comparing: the comparison runs while the timer's
+    launchers and the warmers compile, and a pool of a thread per core then waited on its
+    busy threads (on an H100 host a SwiGLU step's 16 small cases took 2.3-3.6 s to compare,
+    its baseline's 0.1 s)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _write_cases(request: dict) -> dict | None:
