@@ -228,8 +228,12 @@ class Batch:
     ms: float
     copies: dict
     host_s: float
-    host_bound: bool = False
+    pad_us: float = 0.0          # the sleep ahead of it
     pad_needed_us: float = 0.0   # the pad that would have kept this batch's host time out
+
+    @property
+    def host_bound(self) -> bool:
+        return self.pad_needed_us > self.pad_us
 
 
 class WallClock:
@@ -309,7 +313,8 @@ class GpuClock:
                                      f"{timeout_s:.0f} s (a hang)")
             time.sleep(0.0002)
         launcher.stop()
-        # half the pad at most: launches issued just as the sleep ends reach the GPU while it
-        # runs the batch's first ones, and a tiny kernel's batch then times slower
+        # host time past half the pad is bound by it: launches issued just as the sleep ends
+        # reach the GPU while it runs the batch's first ones, and a tiny kernel's batch then
+        # times slower
         return Batch(start.elapsed_time(end), copies, float(answer.get("host_s") or 0.0),
-                     host_bound=host_s * 1e6 > pad_us / 2, pad_needed_us=2 * host_s * 1e6)
+                     pad_us=pad_us, pad_needed_us=2 * host_s * 1e6)
