@@ -139,7 +139,7 @@ def start_judges(judge_file: Path, *, cwd: Path, work: Path, env: dict, processe
     kernel passes share the compile cache of `code_folder`'s code (shared_cache), which the
     variants they are given must all have for them to be taken."""
     pool = JudgePool(_pool_key(judge_file, cwd, env, confinement))
-    shared = shared_cache(cache, [code_folder]) if code_folder is not None else None
+    shared = shared_cache(cache, [code_folder])
     for _ in range(processes):
         pool.ready.append(_start_kernel_pass(judge_file, cwd, work, env, confinement, shared))
     request = work / f"referee-{nonce()}.json"
@@ -233,10 +233,14 @@ def _read_json(path: Path) -> dict:
 def _incomplete(res: process.ChildResult, audit: dict) -> str:
     """Why a kernel pass cannot stand, or "": it died or hung, pytest itself failed, or it
     ended before every case it was given had run (its audit says how many did)."""
-    status = res.returncode if res.returncode is not None else audit.get("exitstatus")
-    if res.died or status not in (0, 1):
-        return res.describe() if res.returncode is not None or not res.delivered else (
-            f"pytest ended its session with status {status}")
+    if res.died:
+        return res.describe()
+    if res.returncode is None:   # ended once it delivered: its audit says how pytest ended
+        status = audit.get("exitstatus")
+        if status not in (0, 1):
+            return f"pytest ended its session with status {status}"
+    elif res.returncode not in (0, 1):
+        return res.describe()
     if audit.get("selected") is None:
         return (f"{res.describe()} without finishing its session (an exit from inside a test?), "
                 "so not every case it was given ran")

@@ -20,7 +20,7 @@ def start(s: Session) -> None:
             s.root / s.spec.judge_rel, cwd=s.root, work=s.work / "ahead", env=env,
             processes=judge.processes_for(rules.judge_processes), confinement=s.confinement(),
             # the next candidates' code is the working tree's (a catalog step's, a baseline's)
-            cache=s.sandbox / "cache", code_folder=s.spec.folder)
+            cache=s.compile_cache, code_folder=s.spec.folder)
     if s.timer is None:
         s.timer = phases.start_timer_ahead(cwd=s.root, work=s.work / "ahead", env=env)
 

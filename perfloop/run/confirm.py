@@ -53,7 +53,7 @@ def measure(s: Session) -> dict:
             variants, workload.timed(s.spec), rules, contract=base_dir,
             tolerance=s.spec.tolerance, headline=s.spec.headline.name,
             ceilings_cache=s.ceilings_cache, work=work,
-            confinement=s.confinement(), cache=s.sandbox / "cache",
+            confinement=s.confinement(), cache=s.compile_cache,
             deadline=time.monotonic() + rules.iteration_timeout_s, cwd=s.root,
             env=phases.child_env(s.playbook_dir), checked=[FINAL])
         failed = (timing.raw.get("failed") or {}) if not timing.crashed else {}

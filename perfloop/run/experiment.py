@@ -226,7 +226,7 @@ def judge_and_time(t: Trial) -> None:
     warmers = phases.start_warmers(
         _timed_variants(t, control=False), t.timed_shapes,
         processes=t.rules.compile_processes, contract=t.contract_dir, work=t.work, cwd=s.root,
-        env=env, confinement=s.confinement(), cache=s.sandbox / "cache"
+        env=env, confinement=s.confinement(), cache=s.compile_cache
     ) if s.spec.requires_gpu and t.candidates else []
     _judge(t, env, timer, warmers)
     passing = [v for v in t.candidates if t.outcome[v["label"]][0] == Outcome.OK]
@@ -258,7 +258,7 @@ def _start_timer(t: Trial, env: dict):
         _timed_variants(t), t.timed_shapes, t.rules,
         contract=t.contract_dir, tolerance=s.spec.tolerance, headline=t.choosing.name,
         ceilings_cache=s.ceilings_cache, work=t.work, cwd=s.root, env=env,
-        confinement=s.confinement(), cache=s.sandbox / "cache",
+        confinement=s.confinement(), cache=s.compile_cache,
         only_buckets=_touched_buckets(t), always=[s.spec.headline.name, *_tuned(t)],
         checked=[INCUMBENT] if t.kind == Kind.BASELINE else None, ahead=waiting,
         held_back_if_gain=True)
@@ -279,7 +279,7 @@ def _judge(t: Trial, env: dict, timer, warmers: list) -> None:
             processes=judge.processes_for(t.rules.judge_processes),
             share_cases=s.spec.requires_gpu,  # its cases compile
             contract={"folder": str(s.spec.folder), "copy": str(t.contract_dir)}, pool=pool,
-            confinement=s.confinement(), cache=s.sandbox / "cache"
+            confinement=s.confinement(), cache=s.compile_cache
         ) if t.candidates else judge.JudgeResult(detail="none left to judge")
     except BaseException:  # Ctrl-C while judging: the waiting worker goes too
         phases.abandon(timer)

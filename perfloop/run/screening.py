@@ -31,14 +31,14 @@ def timed(trial):
         phases.wait_warmers(phases.start_warmers(
             variants[1:], shapes, processes=processes,
             contract=contract_dir, work=work, cwd=s.root, env=env,
-            confinement=s.confinement(), cache=s.sandbox / "cache"),
+            confinement=s.confinement(), cache=s.compile_cache),
             min(deadline, time.monotonic() + rules.stall_timeout_s))
         trial.phase_s["screen_compile"] = phases.elapsed(t)
     timing = phases.time_variants(
         [variants[0], dict(variants[0], label=CONTROL)] + variants[1:], shapes, quick,
         deadline=deadline, cliffs=True, contract=contract_dir, tolerance=s.spec.tolerance,
         headline=head.name, ceilings_cache=s.ceilings_cache, work=work, cwd=s.root, env=env,
-        confinement=s.confinement(), cache=s.sandbox / "cache")
+        confinement=s.confinement(), cache=s.compile_cache)
     return timing
 
 

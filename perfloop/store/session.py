@@ -161,6 +161,9 @@ class Session:
         self.records_path = self.sandbox / "experiments.jsonl"
         self.state_path = self.sandbox / "state.json"
         self.work = self.sandbox / "work"
+        # each code's compile cache, shared by the processes that run that code (the judge's
+        # kernel passes, the warmers, the timer's launchers): perfloop.core.sandbox.linked_cache
+        self.compile_cache = self.sandbox / "cache"
         self.ceilings_cache = self.root / "sandbox" / "device_ceilings.json"
         self._state: State | None = None
         self.judges = None          # judge processes started ahead (judge.JudgePool)
