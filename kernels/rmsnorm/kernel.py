@@ -18,6 +18,8 @@ Every knob in knobs.json is a compile-time constant or a kernel hint:
   store_allow_tma  allow_tma on the store (null: the compiler's choice)
   occupancy        hint, blocks per SM (null: the compiler's choice)
   persistent       grid of SM count x occupancy blocks striding over the row blocks
+  worker_warps     hint, warps per block that do the work (cuTile's num_worker_warps, 4 or 8;
+                   null: the compiler's choice): a row held in few blocks wants more warps
   fast_math        approximate reciprocal square root, denormals flushed to zero
 """
 
@@ -110,7 +112,7 @@ def rmsnorm_kernel(x, w, y, TM: ct.Constant[int], TN: ct.Constant[int], TT: ct.C
                 _write(y, t, j, v * r * _weight(w, j, TN), TM, TN, GATHER, SLAT, STMA)
 
 
-kernel_object = kt.kernel_objects(rmsnorm_kernel)   # (occupancy) -> ct.kernel
+kernel_object = kt.kernel_objects(rmsnorm_kernel)   # (occupancy, num_ctas, worker_warps)
 
 
 def _pow2(n: int) -> int:
@@ -168,7 +170,7 @@ def build(knobs: dict):
 
 
 def _build_one(knobs: dict):
-    kern = kernel_object(knobs["occupancy"])
+    kern = kernel_object(knobs["occupancy"], worker_warps=knobs["worker_warps"])
 
     def launch(inputs, out):
         x, w = inputs
@@ -239,4 +241,5 @@ def compile_ahead(knobs: dict, shapes, arch: str) -> None:
     for dtype, n in sorted({(s.dtype, s.dims[-1]) for s in shapes}):
         args = [kt.array(dtype, 2), kt.array(dtype, 1), kt.array(dtype, 2),
                 *_constants(knobs, n)]
-        kt.export(kernel_object(knobs["occupancy"]), rmsnorm_kernel, [args], arch)
+        kt.export(kernel_object(knobs["occupancy"], worker_warps=knobs["worker_warps"]),
+                  rmsnorm_kernel, [args], arch)

@@ -19,6 +19,8 @@ Every knob in knobs.json is a compile-time constant or a kernel hint:
   store_allow_tma  allow_tma on the store (null: the compiler's choice)
   occupancy        hint, blocks per SM (null: the compiler's choice)
   persistent       grid of SM count x occupancy blocks striding over the row blocks
+  worker_warps     hint, warps per block that do the work (cuTile's num_worker_warps, 4 or 8;
+                   null: the compiler's choice): a row held in few blocks wants more warps
   fast_math        exp2 of pre-scaled inputs and approximate division, denormals flushed
 """
 
@@ -119,7 +121,7 @@ def softmax_kernel(x, y, TM: ct.Constant[int], TN: ct.Constant[int],
                 _write(y, t, j, _div(_exp(v - m, FAST), s, FAST), TM, TN, GATHER, SLAT, STMA)
 
 
-kernel_object = kt.kernel_objects(softmax_kernel)   # (occupancy) -> ct.kernel
+kernel_object = kt.kernel_objects(softmax_kernel)   # (occupancy, num_ctas, worker_warps)
 
 
 def _pow2(n: int) -> int:
@@ -171,7 +173,7 @@ bucket = dispatch.row_bucket   # the dispatch key: dtype and row width's power o
 
 
 def _build_one(knobs: dict):
-    kern = kernel_object(knobs["occupancy"])
+    kern = kernel_object(knobs["occupancy"], worker_warps=knobs["worker_warps"])
 
     def launch(inputs, out):
         x2 = inputs[0].reshape(-1, inputs[0].shape[-1])
@@ -232,5 +234,5 @@ def compile_ahead(knobs: dict, shapes, arch: str) -> None:
     """Compile this variant for every (dtype, n) of `shapes` with tileiras, no GPU needed."""
     for dtype, m, n in sorted({(s.dtype, math.prod(s.dims[:-1]), s.dims[-1]) for s in shapes}):
         array = kt.array(dtype)
-        kt.export(kernel_object(knobs["occupancy"]), softmax_kernel,
+        kt.export(kernel_object(knobs["occupancy"], worker_warps=knobs["worker_warps"]), softmax_kernel,
                   [[array, array, *_constants(knobs, m, n, kt.SM_COUNT.get(arch, 132))]], arch)

@@ -26,19 +26,21 @@ def dtypes(names=DEFAULT_DTYPES) -> dict:
 
 
 def kernel_objects(function) -> Callable:
-    """kernel_object(occupancy=None, num_ctas=None): one ct.kernel of `function` per set of
-    hints (None: the compiler's choice), made once and never rebuilt on the launch path."""
+    """kernel_object(occupancy=None, num_ctas=None, worker_warps=None): one ct.kernel of
+    `function` per set of hints (None: the compiler's choice), made once and never rebuilt on
+    the launch path. worker_warps is cuTile's num_worker_warps (4 or 8 with CTK 13.4)."""
 
     @functools.cache
-    def made(occupancy, num_ctas):
+    def made(occupancy, num_ctas, worker_warps):
         import cuda.tile as ct
 
-        hints = {k: v for k, v in (("occupancy", occupancy), ("num_ctas", num_ctas))
-                 if v is not None}
+        hints = {k: v for k, v in (("occupancy", occupancy), ("num_ctas", num_ctas),
+                                   ("num_worker_warps", worker_warps)) if v is not None}
         return ct.kernel(function, **hints)
 
-    def kernel_object(occupancy: int | None = None, num_ctas: int | None = None):
-        return made(occupancy, num_ctas)
+    def kernel_object(occupancy: int | None = None, num_ctas: int | None = None,
+                      worker_warps: int | None = None):
+        return made(occupancy, num_ctas, worker_warps)
 
     return kernel_object
 
