@@ -165,11 +165,11 @@ def canonical(knobs: dict) -> dict:
 
 def build(knobs: dict):
     """launch((x,), y) for these knob values; y has x's shape and dtype.
-    Values in knobs.json's "dispatch" table hold only for their bucket of inputs (bucket)."""
-    return dispatch.build(knobs, _build_one, bucket)
-
-
-bucket = dispatch.row_bucket   # the dispatch key: dtype and row width's power of two
+    Values in knobs.json's "dispatch" table hold only for their bucket of the workload in
+    kernel.toml (dtype and the row width's power of two). A bucket no benchmark shape
+    measured is tuned once among the run's finalists (unseen = "tune"): 256 columns want
+    several rows per block where 5000 want one, and a few vocabulary rows want more warps."""
+    return dispatch.build(knobs, _build_one)
 
 
 def _build_one(knobs: dict):
