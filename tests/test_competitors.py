@@ -22,7 +22,9 @@ CASES = [("rmsnorm", "bfloat16", (257, 1000)), ("rmsnorm", "float16", (3, 5, 777
          ("softmax", "float32", (130, 5000)), ("softmax", "float32", (5, 20000)),
          ("softmax", "bfloat16", (4, 16384)), ("softmax", "float16", (1, 1)),
          ("matmul", "bfloat16", (257, 300, 1000)), ("matmul", "float16", (130, 513, 4097)),
-         ("matmul", "bfloat16", (1, 1, 1)), ("matmul", "float16", (3, 4100, 260))]
+         ("matmul", "bfloat16", (1, 1, 1)), ("matmul", "float16", (3, 4100, 260)),
+         ("swiglu", "bfloat16", (257, 1000)), ("swiglu", "float16", (3, 5, 777)),
+         ("swiglu", "float32", (130, 5000)), ("swiglu", "bfloat16", (1, 1))]
 
 
 def _judge(kernel: str):
@@ -49,6 +51,9 @@ def test_triton_competitor_matches_float64_reference(kernel, dtype, dims, seed):
         scale = dims[2] ** -0.25
         inputs = judge._inputs(dtype, dims, seed, scale)
         expected = inputs[0].double() @ inputs[1].double()
+    elif kernel == "swiglu":   # its judge writes the float64 reference inline
+        inputs = judge._inputs(dtype, dims, seed)
+        expected = torch.nn.functional.silu(inputs[0].double()) * inputs[1].double()
     else:
         inputs = judge._inputs(dtype, dims, seed)
         expected = judge.reference(*inputs)

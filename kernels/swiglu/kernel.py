@@ -203,6 +203,15 @@ def traffic(shape) -> dict:
             "flops": {"fp32": 3 * numel, "sfu": 2 * numel}}
 
 
+def competitors() -> dict:
+    """Other implementations `perfloop bench` times beside PyTorch's, {name: fn(a, b) -> c}:
+    a Triton SwiGLU (flat, 4096 elements per program) where Triton is installed."""
+    from perfloop.kernel import triton_competitor
+
+    return triton_competitor(Path(__file__).resolve().parent, "triton_swiglu.py",
+                             "triton_swiglu")
+
+
 def compile_ahead(knobs: dict, shapes, arch: str) -> None:
     """Compile this variant for every dtype of `shapes` with tileiras, no GPU needed."""
     from perfloop.autotune import space_for
