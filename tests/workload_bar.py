@@ -1,0 +1,99 @@
+"""Issue 26's bar, measured by hand on a GPU (not a test: pytest collects test_*.py only).
+
+Each shipped kernel's public function (dispatch and tune-once included, as a user calls it)
+at held-out shapes drawn from its kernel.toml workload with a seed no run used, against
+torch.compile (compiled per shape, dynamic=False), the kernel's competitors() (Triton) and,
+for matmul, cuBLAS (torch's matmul). Timer: triton.testing.do_bench, median of three, L2
+cleared before every call and then a GPU sleep of BAR_PAD_CYCLES (400000, about 200 us): a
+call whose host time outlasts the clear would otherwise be timed by its host time (on an
+H200 host a Triton launch took 57-100 us, the 256 MB clear 55). Prints one line per shape,
+best peer / cuTile as ratio, and per kernel the held-out geometric mean and minimum.
+
+    python tests/workload_bar.py SEED COUNT [kernel ...]     # e.g. 7 8
+"""
+
+import math
+import os
+import statistics
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+import triton
+from triton.testing import do_bench
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from perfloop.commands.bench import drawn  # noqa: E402
+from perfloop.core.kernel import import_module  # noqa: E402
+from perfloop.core.manifest import load_spec  # noqa: E402
+
+PAD = int(os.environ.get("BAR_PAD_CYCLES", "400000"))
+BAR = 0.9
+_driver = triton.runtime.driver.active
+_shipped_clear = _driver.clear_cache
+
+
+def _clear_then_pad(cache):
+    _shipped_clear(cache)
+    torch.cuda._sleep(PAD)
+
+
+def median_us(fn) -> float:
+    fn()
+    torch.cuda.synchronize()
+    return statistics.median(do_bench(fn, warmup=25, rep=100, return_mode="median")
+                             for _ in range(3)) * 1000
+
+
+def peers(name: str, module, inputs) -> dict:
+    fns = {}
+    if name == "matmul":   # torch.compile of a matmul is cuBLAS
+        fns["cublas"] = lambda: module.reference(*inputs)
+    else:
+        torch._dynamo.reset()
+        compiled = torch.compile(module.reference, dynamic=False)
+        fns["tcompile"] = lambda: compiled(*inputs)
+    rivals = module.competitors() if hasattr(module, "competitors") else {}
+    for rival, fn in rivals.items():
+        fns[rival] = lambda fn=fn: fn(*inputs)
+    return fns
+
+
+def main(seed: int, count: int, names: list[str]) -> None:
+    _driver.clear_cache = _clear_then_pad
+    warnings.simplefilter("ignore")
+    print(torch.cuda.get_device_name(), flush=True)
+    summary = {}
+    for name in names:
+        spec = load_spec(ROOT / "kernels" / name, ROOT)
+        module = import_module(spec.folder, f"bar_{name}")
+        public = getattr(module, name)
+        ratios = []
+        for shape in [*drawn(spec, count, seed)[1], *spec.shapes]:
+            inputs = module.make_inputs(shape, 0, "cuda")
+            got = public(*inputs)
+            ref = module.reference(*[t.double() for t in inputs])
+            err = float((got.double() - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
+            times = {"cutile": median_us(lambda: public(*inputs))}
+            times.update({k: median_us(f) for k, f in peers(name, module, inputs).items()})
+            ratio = min(v for k, v in times.items() if k != "cutile") / times["cutile"]
+            held = shape.name.startswith("held:")
+            if held:
+                ratios.append(ratio)
+            print(f"{name:8s} {shape.name:26s} err={err:.1e} "
+                  + " ".join(f"{k}={v:8.2f}" for k, v in times.items())
+                  + f"  ratio={ratio:.3f}" + ("" if ratio >= BAR else "  <0.9")
+                  + ("" if held else "  (benchmark shape)"), flush=True)
+        geomean = math.exp(sum(map(math.log, ratios)) / len(ratios))
+        summary[name] = (geomean, min(ratios), sum(r < BAR for r in ratios), len(ratios))
+    print("| kernel | held-out geomean | min | below 0.9 |")
+    for name, (g, low, below, n) in summary.items():
+        print(f"| {name} | {g:.3f} | {low:.3f} | {below}/{n} |")
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), int(sys.argv[2]),
+         sys.argv[3:] or ["rmsnorm", "softmax", "swiglu", "matmul"])
