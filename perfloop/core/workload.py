@@ -467,14 +467,25 @@ def _one(family: Family, names: tuple, rng: random.Random) -> Shape:
 
 def held_out(spec, seed: int | None) -> tuple[Shape, ...]:
     """The shapes a run times beside its benchmark and never tunes on: kernel.toml's
-    [[held_back]] shapes (without them and without a workload, those derived from the
-    benchmark's), and those drawn from a declared workload with the run's `seed` (None:
-    kernel.toml's, else 0)."""
+    [[held_back]] shapes (without them, those derived from the benchmark's, one per bucket
+    that no drawn shape falls in), and those drawn from a declared workload with the run's
+    `seed` (None: kernel.toml's, else 0)."""
     wl = spec.workload
     if wl is None or not wl.declared:
         return tuple(spec.held_back)
     seed = seed if seed is not None else (wl.seed or 0)
-    return tuple(spec.held_back) + draw(wl, seed, tuple(spec.shapes) + tuple(spec.held_back))
+    drawn = draw(wl, seed, tuple(spec.shapes) + tuple(spec.held_back))
+    return _needed(spec, wl, drawn) + drawn
+
+
+def _needed(spec, wl: Workload, drawn: tuple[Shape, ...]) -> tuple[Shape, ...]:
+    """The held-back shapes a run times: a derived one checks its benchmark shape's bucket,
+    so where a drawn shape already falls in that bucket it adds a timing (about 2 s a shape
+    an experiment on the H100) and no check. [[held_back]] shapes are the user's: all kept."""
+    if "held_back" in tomllib.loads(spec.manifest_text or "") or not drawn:
+        return tuple(spec.held_back)
+    checked = {shape_bucket(wl, s) for s in drawn}
+    return tuple(h for h in spec.held_back if shape_bucket(wl, h) not in checked)
 
 
 def timed(spec, shapes=None) -> list[dict]:
