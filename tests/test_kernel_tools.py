@@ -48,7 +48,9 @@ def test_one_kernel_object_per_set_of_hints(monkeypatch):
     assert kernel_object(4) is kernel_object(4, None) is kernel_object(occupancy=4)
     assert kernel_object(None, 2) is not kernel_object(4, 2)
     assert kernel_object() is kernel_object(None, None)
-    assert made == [{"occupancy": 4}, {"num_ctas": 2}, {"occupancy": 4, "num_ctas": 2}, {}]
+    assert kernel_object(worker_warps=8) is kernel_object(None, None, 8)
+    assert made == [{"occupancy": 4}, {"num_ctas": 2}, {"occupancy": 4, "num_ctas": 2}, {},
+                    {"num_worker_warps": 8}]
 
 
 def test_a_persistent_grid_has_at_most_per_sm_blocks_on_every_sm(monkeypatch):
