@@ -333,9 +333,9 @@ def test_every_measured_bucket_has_a_held_back_shape_whatever_the_workload_draws
     assert W.held_out(spec, seed)[-len(drawn):] == drawn and len(drawn) == spec.workload.held_out
 
 
-def test_a_derived_held_back_shape_is_left_out_where_a_drawn_shape_checks_its_bucket():
+def test_a_derived_held_back_shape_is_left_out_where_a_drawn_shape_checks_its_bucket(tmp_path):
     # each costs an experiment about 2 s of timing on the H100; [[held_back]] is the user's
-    import dataclasses
+    import shutil
 
     from perfloop.core.manifest import load_spec
 
@@ -348,8 +348,13 @@ def test_a_derived_held_back_shape_is_left_out_where_a_drawn_shape_checks_its_bu
     assert left_out, "seed 7 draws a shape in a benchmark shape's bucket"
     held = W.held_out(spec, seed)
     assert held == tuple(h for h in spec.held_back if h not in left_out) + drawn
-    declared = dataclasses.replace(spec, manifest_text=spec.manifest_text + (
-        '\n[[held_back]]\nname = "x"\ndims = [8, 512]\ndtype = "bfloat16"\n'))
+    mine = shutil.copytree(folder, tmp_path / "softmax")
+    with open(mine / "kernel.toml", "a", encoding="utf-8") as toml:
+        for h in spec.held_back:   # the same shapes, declared
+            toml.write(f'\n[[held_back]]\nname = "{h.name}"\ndims = {list(h.dims)}\n'
+                       f'dtype = "{h.dtype}"\n')
+    declared = load_spec(mine, folder.parents[1])
+    assert declared.held_back == spec.held_back and not declared.held_back_derived
     assert W.held_out(declared, seed) == tuple(spec.held_back) + drawn
 
 

@@ -98,6 +98,7 @@ class KernelSpec:
     tags: tuple = ()                                # e.g. ("reduction",): the playbook ranks by them
     held_back: tuple = ()                           # [[held_back]], or derived without a workload
     workload: object = None                         # perfloop.core.workload.Workload
+    held_back_derived: bool = False                 # no [[held_back]]: one per benchmark shape
 
     @property
     def headline(self) -> Shape:

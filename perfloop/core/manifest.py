@@ -51,7 +51,8 @@ def load_spec(folder: Path, repo_root: Path, text: str | None = None) -> KernelS
         judge = _judge(repo_root, judge_rel, folder)
         spec = KernelSpec(name, folder, judge, shapes, _candidates(manifest, known),
                           _flag(manifest, "requires_gpu", True), _tolerance(manifest),
-                          judge_rel, text, _tags(manifest), held_back, family)
+                          judge_rel, text, _tags(manifest), held_back, family,
+                          "held_back" not in manifest)
     except _Bad as exc:
         raise bad(str(exc)) from None
     return spec

@@ -482,7 +482,7 @@ def _needed(spec, wl: Workload, drawn: tuple[Shape, ...]) -> tuple[Shape, ...]:
     """The held-back shapes a run times: a derived one checks its benchmark shape's bucket,
     so where a drawn shape already falls in that bucket it adds a timing (about 2 s a shape
     an experiment on the H100) and no check. [[held_back]] shapes are the user's: all kept."""
-    if "held_back" in tomllib.loads(spec.manifest_text or "") or not drawn:
+    if not spec.held_back_derived:
         return tuple(spec.held_back)
     checked = {shape_bucket(wl, s) for s in drawn}
     return tuple(h for h in spec.held_back if shape_bucket(wl, h) not in checked)
