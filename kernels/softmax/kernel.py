@@ -234,5 +234,6 @@ def compile_ahead(knobs: dict, shapes, arch: str) -> None:
     """Compile this variant for every (dtype, n) of `shapes` with tileiras, no GPU needed."""
     for dtype, m, n in sorted({(s.dtype, math.prod(s.dims[:-1]), s.dims[-1]) for s in shapes}):
         array = kt.array(dtype)
-        kt.export(kernel_object(knobs["occupancy"], worker_warps=knobs["worker_warps"]), softmax_kernel,
+        kt.export(kernel_object(knobs["occupancy"], worker_warps=knobs["worker_warps"]),
+                  softmax_kernel,
                   [[array, array, *_constants(knobs, m, n, kt.SM_COUNT.get(arch, 132))]], arch)
