@@ -11,7 +11,8 @@ Every knob in knobs.json is a compile-time constant or a kernel hint:
                    replacing tile's rows: the same value then fits narrow and wide rows
   split_row        with the whole row in one tile (cols 0) and n not a power of two, hold
                    the row as two tiles, the largest power of two within n and a power-of-two
-                   tail (5000: 4096 + 1024 instead of one 8192 tile, 5/8 of the registers)
+                   tail (5000: 4096 + 1024 instead of one 8192 tile, 5/8 of the registers;
+                   5120 and 3072 then end at n, so their loads need no mask)
   latency          latency hint on the loads of x (null: none)
   load_allow_tma   allow_tma on the loads of x (null: the compiler's choice)
   store_latency    latency hint on the store (null: none)
@@ -21,6 +22,11 @@ Every knob in knobs.json is a compile-time constant or a kernel hint:
   worker_warps     hint, warps per block that do the work (cuTile's num_worker_warps, 4 or 8;
                    null: the compiler's choice): a row held in few blocks wants more warps
   fast_math        approximate reciprocal square root, denormals flushed to zero
+
+Where a block's tiles end at n and hold only rows of x, its loads and stores are not masked:
+tileiras issues a masked load of dynamic width chunk by chunk, each waited for before the
+next, which cost about 1 us a launch at a few rows on an H100 (34 x 2048 bf16, do_bench: 6.27
+us with TMA, 5.63 without, 4.67 unmasked; Triton 4.93).
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from perfloop import kernel_tools as kt
 
 EPS = 1e-6
 ZERO = ct.PaddingMode.ZERO
+UNSET = ct.PaddingMode.UNDETERMINED   # what an unchecked load takes (tileiras 13.4 fails on others)
 PERSISTENT_OCCUPANCY = 4  # blocks per SM of a persistent grid when occupancy is unset
 DTYPES = kt.dtypes()
 KNOBS = Path(__file__).resolve().parent / "knobs.json"
@@ -46,30 +53,36 @@ def _hint(value: int):
     return None if value < 0 else value == 1
 
 
-def _read(arr, t, j, TM: int, TN: int, GATHER: bool, LAT: int, TMA: int):
-    """The (TM, TN) tile of rows t*TM.. and columns j*TN.. as float32, zero outside."""
+def _read(arr, t, j, TM: int, TN: int, GATHER: bool, LAT: int, TMA: int, CHECK: bool):
+    """The (TM, TN) tile of rows t*TM.. and columns j*TN.. as float32, zero outside (CHECK:
+    the tile may leave the array; without it the load is not masked)."""
     if GATHER:
         rows = ct.reshape(t * TM + ct.arange(TM, dtype=ct.int32), (TM, 1))
         cols = ct.reshape(j * TN + ct.arange(TN, dtype=ct.int32), (1, TN))
         tile = ct.gather(arr, (rows, cols), latency=LAT if LAT > 0 else None)
     else:
-        tile = ct.load(arr, (t, j), (TM, TN), padding_mode=ZERO,
-                       latency=LAT if LAT > 0 else None, allow_tma=_hint(TMA))
+        tile = ct.load(arr, (t, j), (TM, TN), padding_mode=ZERO if CHECK else UNSET,
+                       check_bounds=CHECK, latency=LAT if LAT > 0 else None,
+                       allow_tma=_hint(TMA))
     return ct.astype(tile, ct.float32)
 
 
-def _write(arr, t, j, tile, TM: int, TN: int, GATHER: bool, LAT: int, TMA: int):
+def _write(arr, t, j, tile, TM: int, TN: int, GATHER: bool, LAT: int, TMA: int, CHECK: bool):
     tile = ct.astype(tile, arr.dtype)
     if GATHER:
         rows = ct.reshape(t * TM + ct.arange(TM, dtype=ct.int32), (TM, 1))
         cols = ct.reshape(j * TN + ct.arange(TN, dtype=ct.int32), (1, TN))
         ct.scatter(arr, (rows, cols), tile, latency=LAT if LAT > 0 else None)
     else:
-        ct.store(arr, (t, j), tile, latency=LAT if LAT > 0 else None, allow_tma=_hint(TMA))
+        ct.store(arr, (t, j), tile, check_bounds=CHECK, latency=LAT if LAT > 0 else None,
+                 allow_tma=_hint(TMA))
 
 
-def _weight(w, j, TN: int):
-    return ct.reshape(ct.astype(ct.load(w, (j,), (TN,), padding_mode=ZERO), ct.float32), (1, TN))
+def _weight(w, j, TN: int, CHECK: bool):
+    """w's (1, TN) tile as float32, never by TMA: a TMA load of w is waited for before x's
+    load is issued."""
+    return ct.astype(ct.load(w, (0, j), (1, TN), padding_mode=ZERO if CHECK else UNSET,
+                             check_bounds=CHECK, allow_tma=False), ct.float32)
 
 
 def _scale(ss, n, FAST: bool):
@@ -79,37 +92,61 @@ def _scale(ss, n, FAST: bool):
     return 1.0 / ct.sqrt(ss / n + EPS)
 
 
+def _rows(x, w, y, t, TM: int, TN: int, TT: int, ONE_TILE: bool, GATHER: bool, LAT: int,
+          LTMA: int, SLAT: int, STMA: int, FAST: bool, CHECK: bool):
+    """Rows t*TM.. of y (CHECK: masked loads and stores)."""
+    n = x.shape[1]
+    if ONE_TILE and TT > 0:
+        v = _read(x, t, 0, TM, TN, GATHER, LAT, LTMA, CHECK)
+        u = _read(x, t, TN // TT, TM, TT, GATHER, LAT, LTMA, CHECK)
+        g, h = _weight(w, 0, TN, CHECK), _weight(w, TN // TT, TT, CHECK)
+        ss = ct.sum(v * v, axis=1, keepdims=True) + ct.sum(u * u, axis=1, keepdims=True)
+        r = _scale(ss, n, FAST)
+        _write(y, t, 0, v * r * g, TM, TN, GATHER, SLAT, STMA, CHECK)
+        _write(y, t, TN // TT, u * r * h, TM, TT, GATHER, SLAT, STMA, CHECK)
+    elif ONE_TILE:
+        v = _read(x, t, 0, TM, TN, GATHER, LAT, LTMA, CHECK)
+        g = _weight(w, 0, TN, CHECK)
+        r = _scale(ct.sum(v * v, axis=1, keepdims=True), n, FAST)
+        _write(y, t, 0, v * r * g, TM, TN, GATHER, SLAT, STMA, CHECK)
+    else:
+        tiles = ct.cdiv(n, TN)
+        acc = ct.full((TM, TN), 0.0, dtype=ct.float32)
+        for j in range(tiles):
+            v = _read(x, t, j, TM, TN, GATHER, LAT, LTMA, True)
+            acc = acc + v * v
+        r = _scale(ct.sum(acc, axis=1, keepdims=True), n, FAST)
+        for j in range(tiles):
+            v = _read(x, t, j, TM, TN, GATHER, LAT, LTMA, True)
+            _write(y, t, j, v * r * _weight(w, j, TN, True), TM, TN, GATHER, SLAT, STMA, True)
+
+
+def _block(x, w, y, t, TM: int, TN: int, TT: int, ONE_TILE: bool, GATHER: bool, LAT: int,
+           LTMA: int, SLAT: int, STMA: int, FAST: bool, EXACT: bool):
+    """Rows t*TM.. of y; unmasked where EXACT (the row's tiles end at n) and the block's rows
+    are all in x: a masked load of dynamic width is issued chunk by chunk, each waited for
+    before the next (H100: about 1 us a launch at a few rows)."""
+    if EXACT and (t + 1) * TM <= x.shape[0]:
+        _rows(x, w, y, t, TM, TN, TT, ONE_TILE, GATHER, LAT, LTMA, SLAT, STMA, FAST, False)
+    else:
+        _rows(x, w, y, t, TM, TN, TT, ONE_TILE, GATHER, LAT, LTMA, SLAT, STMA, FAST, True)
+
+
 def rmsnorm_kernel(x, w, y, TM: ct.Constant[int], TN: ct.Constant[int], TT: ct.Constant[int],
                    ONE_TILE: ct.Constant[bool], GATHER: ct.Constant[bool],
                    LAT: ct.Constant[int], LTMA: ct.Constant[int], SLAT: ct.Constant[int],
-                   STMA: ct.Constant[int], FAST: ct.Constant[bool], PERSIST: ct.Constant[bool]):
+                   STMA: ct.Constant[int], FAST: ct.Constant[bool], PERSIST: ct.Constant[bool],
+                   EXACT: ct.Constant[bool]):
     """One block per TM rows (grid-stride when PERSIST); ONE_TILE when TN (plus a tail tile
-    of TT columns at column TN, when TT > 0) covers the row."""
-    n = x.shape[1]
-    total = ct.cdiv(x.shape[0], TM)
-    step = ct.num_blocks(0) if PERSIST else total
-    for t in range(ct.bid(0), total, step):
-        if ONE_TILE and TT > 0:
-            v = _read(x, t, 0, TM, TN, GATHER, LAT, LTMA)
-            u = _read(x, t, TN // TT, TM, TT, GATHER, LAT, LTMA)
-            ss = ct.sum(v * v, axis=1, keepdims=True) + ct.sum(u * u, axis=1, keepdims=True)
-            r = _scale(ss, n, FAST)
-            _write(y, t, 0, v * r * _weight(w, 0, TN), TM, TN, GATHER, SLAT, STMA)
-            _write(y, t, TN // TT, u * r * _weight(w, TN // TT, TT), TM, TT, GATHER, SLAT, STMA)
-        elif ONE_TILE:
-            v = _read(x, t, 0, TM, TN, GATHER, LAT, LTMA)
-            r = _scale(ct.sum(v * v, axis=1, keepdims=True), n, FAST)
-            _write(y, t, 0, v * r * _weight(w, 0, TN), TM, TN, GATHER, SLAT, STMA)
-        else:
-            tiles = ct.cdiv(n, TN)
-            acc = ct.full((TM, TN), 0.0, dtype=ct.float32)
-            for j in range(tiles):
-                v = _read(x, t, j, TM, TN, GATHER, LAT, LTMA)
-                acc = acc + v * v
-            r = _scale(ct.sum(acc, axis=1, keepdims=True), n, FAST)
-            for j in range(tiles):
-                v = _read(x, t, j, TM, TN, GATHER, LAT, LTMA)
-                _write(y, t, j, v * r * _weight(w, j, TN), TM, TN, GATHER, SLAT, STMA)
+    of TT columns at column TN, when TT > 0) covers the row. w is (1, n). Without PERSIST
+    there is no loop: in one, w's load is hoisted before the loop and waited for before x's
+    load is issued (a DRAM round trip more per block)."""
+    if PERSIST:
+        for t in range(ct.bid(0), ct.cdiv(x.shape[0], TM), ct.num_blocks(0)):
+            _block(x, w, y, t, TM, TN, TT, ONE_TILE, GATHER, LAT, LTMA, SLAT, STMA, FAST, EXACT)
+    else:
+        _block(x, w, y, ct.bid(0), TM, TN, TT, ONE_TILE, GATHER, LAT, LTMA, SLAT, STMA, FAST,
+               EXACT)
 
 
 kernel_object = kt.kernel_objects(rmsnorm_kernel)   # (occupancy, num_ctas, worker_warps)
@@ -143,7 +180,7 @@ def _constants(knobs: dict, n: int) -> tuple:
     gather = {"load_store": False, "gather_scatter": True}[knobs["memory_path"]]
     return (rows, tn, tail, tn + tail >= n, gather, knobs["latency"] or 0, tma[knobs["load_allow_tma"]],
             knobs["store_latency"] or 0, tma[knobs["store_allow_tma"]], bool(knobs["fast_math"]),
-            bool(knobs["persistent"]))
+            bool(knobs["persistent"]), tn + tail == n)
 
 
 def grid(knobs: dict, m: int, n: int, device) -> tuple[int]:
@@ -177,7 +214,7 @@ def _build_one(knobs: dict):
         x2 = x.reshape(-1, x.shape[-1])
         y2 = out.view(-1, out.shape[-1])
         ct.launch(torch.cuda.current_stream(), grid(knobs, *x2.shape, x.device), kern,
-                  (x2, w, y2, *_constants(knobs, x2.shape[1])))
+                  (x2, w.view(1, -1), y2, *_constants(knobs, x2.shape[1])))
         return out
 
     return launch
@@ -239,7 +276,7 @@ def competitors() -> dict:
 def compile_ahead(knobs: dict, shapes, arch: str) -> None:
     """Compile this variant for every (dtype, n) of `shapes` with tileiras, no GPU needed."""
     for dtype, n in sorted({(s.dtype, s.dims[-1]) for s in shapes}):
-        args = [kt.array(dtype, 2), kt.array(dtype, 1), kt.array(dtype, 2),
+        args = [kt.array(dtype, 2), kt.array(dtype, 2), kt.array(dtype, 2),
                 *_constants(knobs, n)]
         kt.export(kernel_object(knobs["occupancy"], worker_warps=knobs["worker_warps"]),
                   rmsnorm_kernel, [args], arch)
