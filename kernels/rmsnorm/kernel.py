@@ -25,8 +25,9 @@ Every knob in knobs.json is a compile-time constant or a kernel hint:
 
 Where a block's tiles end at n and hold only rows of x, its loads and stores are not masked:
 tileiras issues a masked load of dynamic width chunk by chunk, each waited for before the
-next, which cost about 1 us a launch at a few rows on an H100 (34 x 2048 bf16, do_bench: 6.27
-us with TMA, 5.63 without, 4.67 unmasked; Triton 4.93).
+next, which cost about 1 us a launch at a few rows. H100, do_bench, 34 x 2048 bf16: masked,
+6.27 us with TMA and 5.63 without (Triton 4.70); unmasked, on another H100, 4.90 and 4.67
+(Triton 4.93).
 """
 
 from __future__ import annotations
