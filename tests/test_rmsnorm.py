@@ -24,10 +24,11 @@ pytestmark = pytest.mark.gpu
 FOLDER = Path(__file__).resolve().parent.parent / "kernels" / "rmsnorm"
 EPS = 1e-6
 # (dtype, dims): tails no tile divides, a single element, 3-D, rows wider than any tile, a
-# row count no rows-per-block divides
+# row count no rows-per-block divides, a row held unmasked as two tiles (split_row) in blocks
+# of which the last is partial
 CASES = [("bfloat16", (257, 1000)), ("float16", (3, 5, 777)), ("float32", (64, 4096)),
          ("bfloat16", (3, 16384)), ("float32", (1, 1)), ("float16", (33, 8193)),
-         ("bfloat16", (130, 5000)), ("float16", (9, 3000))]
+         ("bfloat16", (130, 5000)), ("float16", (9, 3000)), ("bfloat16", (7, 5120))]
 SEEDS = (0, 1)
 TOLERANCE = {dtype: tolerance(FOLDER, dtype) for dtype in ("bfloat16", "float16", "float32")}
 COMBOS = {
