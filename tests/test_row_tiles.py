@@ -21,7 +21,7 @@ def rmsnorm():
 
 
 @pytest.mark.parametrize("split_row,cols,block_elems",
-                         itertools.product([False, True], [0, 1024], [None, 4096, 32768]))
+                         list(itertools.product([False, True], [0, 1024], [None, 4096, 32768])))
 def test_exact_only_where_the_tiles_end_at_n(rmsnorm, split_row, cols, block_elems):
     knobs = {"memory_path": "load_store", "tile": (1, cols), "block_elems": block_elems,
              "latency": None, "load_allow_tma": False, "store_latency": None,
