@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("cuda.tile")
 pytest.importorskip("torch")
 
-from perfloop.core.kernel import import_module  # noqa: E402
+from perfloop.core.kernel import import_module, read_knobs  # noqa: E402
 
 FOLDER = Path(__file__).resolve().parent.parent / "kernels" / "rmsnorm"
 
@@ -23,10 +23,8 @@ def rmsnorm():
 @pytest.mark.parametrize("split_row,cols,block_elems",
                          list(itertools.product([False, True], [0, 1024], [None, 4096, 32768])))
 def test_exact_only_where_the_tiles_end_at_n(rmsnorm, split_row, cols, block_elems):
-    knobs = {"memory_path": "load_store", "tile": (1, cols), "block_elems": block_elems,
-             "latency": None, "load_allow_tma": False, "store_latency": None,
-             "store_allow_tma": False, "fast_math": False, "persistent": False,
-             "split_row": split_row}
+    knobs = {**read_knobs(FOLDER / "knobs.json"), "tile": (1, cols),
+             "block_elems": block_elems, "split_row": split_row}
     exact_widths = set()
     for n in range(1, 20001):
         tm, tn, tt, one_tile, *_, exact = rmsnorm._constants(knobs, n)

@@ -43,7 +43,7 @@ from perfloop import kernel_tools as kt
 
 EPS = 1e-6
 ZERO = ct.PaddingMode.ZERO
-UNSET = ct.PaddingMode.UNDETERMINED   # what an unchecked load takes (tileiras 13.4 fails on others)
+UNSET = ct.PaddingMode.UNDETERMINED   # an unchecked load takes no other (tileiras 13.4)
 PERSISTENT_OCCUPANCY = 4  # blocks per SM of a persistent grid when occupancy is unset
 DTYPES = kt.dtypes()
 KNOBS = Path(__file__).resolve().parent / "knobs.json"
@@ -125,8 +125,7 @@ def _rows(x, w, y, t, TM: int, TN: int, TT: int, ONE_TILE: bool, GATHER: bool, L
 def _block(x, w, y, t, TM: int, TN: int, TT: int, ONE_TILE: bool, GATHER: bool, LAT: int,
            LTMA: int, SLAT: int, STMA: int, FAST: bool, EXACT: bool):
     """Rows t*TM.. of y; unmasked where EXACT (the row's tiles end at n) and the block's rows
-    are all in x: a masked load of dynamic width is issued chunk by chunk, each waited for
-    before the next (H100: about 1 us a launch at a few rows)."""
+    are all in x (the module's docstring says why)."""
     if EXACT and (t + 1) * TM <= x.shape[0]:
         _rows(x, w, y, t, TM, TN, TT, ONE_TILE, GATHER, LAT, LTMA, SLAT, STMA, FAST, False)
     else:
