@@ -23,10 +23,11 @@ pytestmark = pytest.mark.gpu
 
 FOLDER = Path(__file__).resolve().parent.parent / "kernels" / "softmax"
 # (dtype, dims): tails no tile divides, a single element, 3-D, rows longer than any tile, a
-# row count no rows-per-block divides, a vocabulary's row (wider than a whole-row tile)
+# row count no rows-per-block divides, a vocabulary's row (wider than a whole-row tile), a few
+# rows wider than a whole-row tile with a tail (split across blocks by the committed knobs)
 CASES = [("bfloat16", (257, 1000)), ("float16", (3, 5, 777)), ("float32", (64, 4096)),
          ("bfloat16", (3, 32768)), ("float32", (1, 1)), ("float16", (33, 8193)),
-         ("float32", (130, 5000)), ("bfloat16", (5, 50304))]
+         ("float32", (130, 5000)), ("bfloat16", (5, 50304)), ("float32", (6, 40000))]
 SEEDS = (0, 1)
 TOLERANCE = {dtype: tolerance(FOLDER, dtype) for dtype in ("bfloat16", "float16", "float32")}
 COMBOS = {
@@ -35,6 +36,7 @@ COMBOS = {
                    "store_latency": 2, "fast_math": True},
     "all-hints": {"tile": [1, 2048], "persistent": True, "load_allow_tma": False,
                   "store_allow_tma": False, "latency": 8, "store_latency": 8, "fast_math": True},
+    "no-split": {"split_rows": None},
 }
 VARIANTS = requested_variants() or default_variants(FOLDER, COMBOS)
 
@@ -42,7 +44,8 @@ VARIANTS = requested_variants() or default_variants(FOLDER, COMBOS)
 def _inputs(dtype: str, dims: tuple, seed: int):
     """Logits of very different spreads; rows masked with -inf (in places, and all but one
     entry, at the end of the row, so an online pass meets -inf tiles first); a row of large
-    magnitudes; a constant row."""
+    magnitudes; a constant row; a row whose first quarter is -inf and the rest far below 0
+    (a running max taken as 0 while all is -inf underflows every exp after it)."""
     g = torch.Generator().manual_seed(3000 + seed)
     x = torch.randn(dims, generator=g) * (torch.rand((*dims[:-1], 1), generator=g) * 20)
     rows = x.view(-1, dims[-1])
@@ -53,6 +56,9 @@ def _inputs(dtype: str, dims: tuple, seed: int):
         big = {"float16": 6e4, "bfloat16": 1e30, "float32": 1e30}[dtype]
         rows[2] = rows[2].sign() * big * torch.rand(n, generator=g)
         rows[3] = 7.0
+    if rows.shape[0] > 4:
+        rows[4, n // 4:] = -300 + torch.randn(n - n // 4, generator=g)
+        rows[4, : n // 4] = -torch.inf
     return (x.to("cuda", getattr(torch, dtype)),)
 
 

@@ -22,6 +22,9 @@ Every knob in knobs.json is a compile-time constant or a kernel hint:
   worker_warps     hint, warps per block that do the work (cuTile's num_worker_warps, 4 or 8;
                    null: the compiler's choice): a row held in few blocks wants more warps
   fast_math        exp2 of pre-scaled inputs and approximate division, denormals flushed
+  split_rows       below this many rows, a row wider than WHOLE_MAX is split across blocks
+                   (null: never): two launches, each chunk's max and sum, then a combine
+                   that writes (splits())
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from perfloop import dispatch
 from perfloop import kernel_tools as kt
 
 NEG_INF = ct.PaddingMode.NEG_INF
+UNSET = ct.PaddingMode.UNDETERMINED   # what an unchecked load takes (tileiras 13.4 fails on others)
 APPROX = ct.RoundingMode.APPROX
 LOG2E = 1.0 / math.log(2.0)
 PERSISTENT_OCCUPANCY = 4  # blocks per SM of a persistent grid when occupancy is unset
@@ -44,6 +48,7 @@ PERSISTENT_OCCUPANCY = 4  # blocks per SM of a persistent grid when occupancy is
 # in 4096-column tiles 131 (Triton 100); fp32 2048 x 50304 1279 against 420 (Triton 417).
 WHOLE_MAX = 32768
 WIDE_COLS = 4096
+SPLIT_COLS = 4096   # tile width of a row split across blocks (splits())
 DTYPES = kt.dtypes()
 KNOBS = Path(__file__).resolve().parent / "knobs.json"
 
@@ -53,27 +58,30 @@ def _hint(value: int):
     return None if value < 0 else value == 1
 
 
-def _read(arr, t, j, TM: int, TN: int, GATHER: bool, LAT: int, TMA: int):
-    """The (TM, TN) tile of rows t*TM.. and columns j*TN.. as float32, -inf outside."""
+def _read(arr, t, j, TM: int, TN: int, GATHER: bool, LAT: int, TMA: int, CHECK: bool):
+    """The (TM, TN) tile of rows t*TM.. and columns j*TN.. as float32, -inf outside (CHECK:
+    the tile may leave the array; without it the load is not masked)."""
     if GATHER:
         rows = ct.reshape(t * TM + ct.arange(TM, dtype=ct.int32), (TM, 1))
         cols = ct.reshape(j * TN + ct.arange(TN, dtype=ct.int32), (1, TN))
         tile = ct.gather(arr, (rows, cols), padding_value=-math.inf,
                          latency=LAT if LAT > 0 else None)
     else:
-        tile = ct.load(arr, (t, j), (TM, TN), padding_mode=NEG_INF,
-                       latency=LAT if LAT > 0 else None, allow_tma=_hint(TMA))
+        tile = ct.load(arr, (t, j), (TM, TN), padding_mode=NEG_INF if CHECK else UNSET,
+                       check_bounds=CHECK, latency=LAT if LAT > 0 else None,
+                       allow_tma=_hint(TMA))
     return ct.astype(tile, ct.float32)
 
 
-def _write(arr, t, j, tile, TM: int, TN: int, GATHER: bool, LAT: int, TMA: int):
+def _write(arr, t, j, tile, TM: int, TN: int, GATHER: bool, LAT: int, TMA: int, CHECK: bool):
     tile = ct.astype(tile, arr.dtype)
     if GATHER:
         rows = ct.reshape(t * TM + ct.arange(TM, dtype=ct.int32), (TM, 1))
         cols = ct.reshape(j * TN + ct.arange(TN, dtype=ct.int32), (1, TN))
         ct.scatter(arr, (rows, cols), tile, latency=LAT if LAT > 0 else None)
     else:
-        ct.store(arr, (t, j), tile, latency=LAT if LAT > 0 else None, allow_tma=_hint(TMA))
+        ct.store(arr, (t, j), tile, check_bounds=CHECK, latency=LAT if LAT > 0 else None,
+                 allow_tma=_hint(TMA))
 
 
 def _exp(x, FAST: bool):
@@ -94,34 +102,93 @@ def _finite(m):
     return ct.where(m == -math.inf, 0.0, m)
 
 
+def _online(m, s, v, FAST: bool):
+    """(max, sum) of the rows so far and tile v: the sum is of exp(x - finite max) and is
+    rescaled when the max grows. The max itself stays -inf while every entry is, so that a
+    later tile of entries far below 0 is not taken against a max of 0 (exp would underflow)."""
+    new = ct.maximum(m, ct.max(v, axis=1, keepdims=True))
+    sub = _finite(new)
+    return new, s * _exp(m - sub, FAST) + ct.sum(_exp(v - sub, FAST), axis=1, keepdims=True)
+
+
+def _rows(x, y, t, TM: int, TN: int, ONE_TILE: bool, GATHER: bool, LAT: int, LTMA: int,
+          SLAT: int, STMA: int, FAST: bool, CHECK: bool):
+    """Rows t*TM.. of y (CHECK: masked loads and stores of the whole-row tile)."""
+    if ONE_TILE:
+        v = _read(x, t, 0, TM, TN, GATHER, LAT, LTMA, CHECK)
+        e = _exp(v - _finite(ct.max(v, axis=1, keepdims=True)), FAST)
+        _write(y, t, 0, _div(e, ct.sum(e, axis=1, keepdims=True), FAST), TM, TN, GATHER,
+               SLAT, STMA, CHECK)
+    else:
+        tiles = ct.cdiv(x.shape[1], TN)
+        m = ct.full((TM, 1), -math.inf, dtype=ct.float32)
+        s = ct.full((TM, 1), 0.0, dtype=ct.float32)
+        for j in range(tiles):
+            m, s = _online(m, s, _read(x, t, j, TM, TN, GATHER, LAT, LTMA, True), FAST)
+        sub = _finite(m)
+        for j in range(tiles):
+            v = _read(x, t, j, TM, TN, GATHER, LAT, LTMA, True)
+            _write(y, t, j, _div(_exp(v - sub, FAST), s, FAST), TM, TN, GATHER, SLAT, STMA,
+                   True)
+
+
 def softmax_kernel(x, y, TM: ct.Constant[int], TN: ct.Constant[int],
                    ONE_TILE: ct.Constant[bool], GATHER: ct.Constant[bool],
                    LAT: ct.Constant[int], LTMA: ct.Constant[int], SLAT: ct.Constant[int],
-                   STMA: ct.Constant[int], FAST: ct.Constant[bool], PERSIST: ct.Constant[bool]):
-    """One block per TM rows (grid-stride when PERSIST); ONE_TILE when TN covers the row."""
-    total = ct.cdiv(x.shape[0], TM)
-    step = ct.num_blocks(0) if PERSIST else total
-    for t in range(ct.bid(0), total, step):
-        if ONE_TILE:
-            v = _read(x, t, 0, TM, TN, GATHER, LAT, LTMA)
-            e = _exp(v - _finite(ct.max(v, axis=1, keepdims=True)), FAST)
-            _write(y, t, 0, _div(e, ct.sum(e, axis=1, keepdims=True), FAST), TM, TN, GATHER,
-                   SLAT, STMA)
-        else:
-            tiles = ct.cdiv(x.shape[1], TN)
-            m = ct.full((TM, 1), -math.inf, dtype=ct.float32)
-            s = ct.full((TM, 1), 0.0, dtype=ct.float32)
-            for j in range(tiles):  # online: rescale the running sum when the max grows
-                v = _read(x, t, j, TM, TN, GATHER, LAT, LTMA)
-                new = _finite(ct.maximum(m, ct.max(v, axis=1, keepdims=True)))
-                s = s * _exp(m - new, FAST) + ct.sum(_exp(v - new, FAST), axis=1, keepdims=True)
-                m = new
-            for j in range(tiles):
-                v = _read(x, t, j, TM, TN, GATHER, LAT, LTMA)
-                _write(y, t, j, _div(_exp(v - m, FAST), s, FAST), TM, TN, GATHER, SLAT, STMA)
+                   STMA: ct.Constant[int], FAST: ct.Constant[bool], PERSIST: ct.Constant[bool],
+                   EXACT: ct.Constant[bool]):
+    """One block per TM rows (grid-stride when PERSIST); ONE_TILE when TN covers the row.
+    Where EXACT (TN is n) a block whose rows all lie in x loads and stores unmasked:
+    tileiras issues a masked load of dynamic width chunk by chunk, each waited for before
+    the next (RMSNorm on an H100: about 1 us a launch at a few rows)."""
+    if PERSIST:
+        for t in range(ct.bid(0), ct.cdiv(x.shape[0], TM), ct.num_blocks(0)):
+            _block(x, y, t, TM, TN, ONE_TILE, GATHER, LAT, LTMA, SLAT, STMA, FAST, EXACT)
+    else:
+        _block(x, y, ct.bid(0), TM, TN, ONE_TILE, GATHER, LAT, LTMA, SLAT, STMA, FAST, EXACT)
+
+
+def _block(x, y, t, TM: int, TN: int, ONE_TILE: bool, GATHER: bool, LAT: int, LTMA: int,
+           SLAT: int, STMA: int, FAST: bool, EXACT: bool):
+    if EXACT and (t + 1) * TM <= x.shape[0]:
+        _rows(x, y, t, TM, TN, ONE_TILE, GATHER, LAT, LTMA, SLAT, STMA, FAST, False)
+    else:
+        _rows(x, y, t, TM, TN, ONE_TILE, GATHER, LAT, LTMA, SLAT, STMA, FAST, True)
+
+
+def split_partial_kernel(x, M, L, TN: ct.Constant[int], CH: ct.Constant[int],
+                         LTMA: ct.Constant[int], FAST: ct.Constant[bool]):
+    """A row split across blocks, first launch: block (row, s) takes its row's chunk s of CH
+    tiles and stores the chunk's max and sum of exp(x - max) at M[row, s] and L[row, s]."""
+    row = ct.bid(0) // M.shape[1]
+    part = ct.bid(0) % M.shape[1]
+    m = ct.full((1, 1), -math.inf, dtype=ct.float32)
+    s = ct.full((1, 1), 0.0, dtype=ct.float32)
+    for j in range(part * CH, min(part * CH + CH, ct.cdiv(x.shape[1], TN))):
+        m, s = _online(m, s, _read(x, row, j, 1, TN, False, 0, LTMA, True), FAST)
+    ct.store(M, (row, part), m)
+    ct.store(L, (row, part), s)
+
+
+def split_write_kernel(x, y, M, L, TN: ct.Constant[int], CH: ct.Constant[int],
+                       PARTS: ct.Constant[int], LTMA: ct.Constant[int], SLAT: ct.Constant[int],
+                       STMA: ct.Constant[int], FAST: ct.Constant[bool]):
+    """Second launch: block (row, s) combines its row's maxima and sums (PARTS: their count
+    rounded up to a power of two) and writes chunk s."""
+    row = ct.bid(0) // M.shape[1]
+    part = ct.bid(0) % M.shape[1]
+    maxima = ct.load(M, (row, 0), (1, PARTS), padding_mode=NEG_INF)
+    sums = ct.load(L, (row, 0), (1, PARTS), padding_mode=ct.PaddingMode.ZERO)
+    sub = _finite(ct.max(maxima, axis=1, keepdims=True))
+    total = ct.sum(sums * _exp(maxima - sub, FAST), axis=1, keepdims=True)
+    for j in range(part * CH, min(part * CH + CH, ct.cdiv(x.shape[1], TN))):
+        v = _read(x, row, j, 1, TN, False, 0, LTMA, True)
+        _write(y, row, j, _div(_exp(v - sub, FAST), total, FAST), 1, TN, False, SLAT, STMA,
+               True)
 
 
 kernel_object = kt.kernel_objects(softmax_kernel)   # (occupancy, num_ctas, worker_warps)
+SPLIT_KERNELS = (ct.kernel(split_partial_kernel), ct.kernel(split_write_kernel))
 
 
 def _pow2(n: int) -> int:
@@ -146,7 +213,22 @@ def _constants(knobs: dict, m: int, n: int, sms: int) -> tuple:
     gather = {"load_store": False, "gather_scatter": True}[knobs["memory_path"]]
     return (rows, tn, tn >= n, gather, knobs["latency"] or 0, tma[knobs["load_allow_tma"]],
             knobs["store_latency"] or 0, tma[knobs["store_allow_tma"]], bool(knobs["fast_math"]),
-            bool(knobs["persistent"]))
+            bool(knobs["persistent"]), tn == n)
+
+
+def splits(knobs: dict, m: int, n: int, sms: int) -> tuple[int, int, int] | None:
+    """(chunks per row, tiles of SPLIT_COLS per chunk, chunks rounded up to a power of two)
+    where the knobs split rows of n across blocks at m rows, else None: about two blocks per
+    SM in all, and only past WHOLE_MAX columns. H100, do_bench, the split as a script with
+    4096-column tiles against the shipped kernel (softmax()): bf16 1 x 128256 11.1 us against
+    32.0 (torch.compile 17.2), 16 x 50304 fp16 13.6 against 17.5, fp32 8 x 128256 13.5
+    against 35.4; it lost at 1 x 32000 (10.8 against 8.0) and 64 x 32000 (16.9 against 10.0)."""
+    if not knobs["split_rows"] or m >= knobs["split_rows"] or n <= WHOLE_MAX:
+        return None
+    tiles = -(-n // SPLIT_COLS)
+    chunk = -(-tiles // max(1, min(tiles, -(-2 * sms // m))))
+    parts = -(-tiles // chunk)
+    return parts, chunk, _pow2(parts)
 
 
 def grid(knobs: dict, m: int, n: int, device) -> tuple[int]:
@@ -178,11 +260,35 @@ def _build_one(knobs: dict):
     def launch(inputs, out):
         x2 = inputs[0].reshape(-1, inputs[0].shape[-1])
         y2 = out.view(-1, out.shape[-1])
-        ct.launch(torch.cuda.current_stream(), grid(knobs, *x2.shape, x2.device), kern,
-                  (x2, y2, *_constants(knobs, *x2.shape, kt.sm_count(x2.device.index or 0))))
+        sms = kt.sm_count(x2.device.index or 0)
+        split = splits(knobs, *x2.shape, sms)
+        if split:
+            _split(knobs, x2, y2, *split)
+        else:
+            ct.launch(torch.cuda.current_stream(), grid(knobs, *x2.shape, x2.device), kern,
+                      (x2, y2, *_constants(knobs, *x2.shape, sms)))
         return out
 
     return launch
+
+
+def _split_constants(knobs: dict, chunk: int, parts_pow2: int) -> tuple[tuple, tuple]:
+    tma, fast = kt.TMA_CODE, bool(knobs["fast_math"])
+    return ((SPLIT_COLS, chunk, tma[knobs["load_allow_tma"]], fast),
+            (SPLIT_COLS, chunk, parts_pow2, tma[knobs["load_allow_tma"]],
+             knobs["store_latency"] or 0, tma[knobs["store_allow_tma"]], fast))
+
+
+def _split(knobs: dict, x2, y2, parts: int, chunk: int, parts_pow2: int) -> None:
+    """Rows split across blocks: partial maxima and sums, then a launch that combines and
+    writes. The partials live in a float32 workspace of m x parts."""
+    m = x2.shape[0]
+    maxima = torch.empty((m, parts), dtype=torch.float32, device=x2.device)
+    sums = torch.empty_like(maxima)
+    first, second = _split_constants(knobs, chunk, parts_pow2)
+    stream = torch.cuda.current_stream()
+    ct.launch(stream, (m * parts,), SPLIT_KERNELS[0], (x2, maxima, sums, *first))
+    ct.launch(stream, (m * parts,), SPLIT_KERNELS[1], (x2, y2, maxima, sums, *second))
 
 
 def softmax(x: torch.Tensor, knobs: dict | None = None) -> torch.Tensor:
@@ -231,9 +337,17 @@ def competitors() -> dict:
 
 
 def compile_ahead(knobs: dict, shapes, arch: str) -> None:
-    """Compile this variant for every (dtype, n) of `shapes` with tileiras, no GPU needed."""
+    """Compile this variant for every (dtype, m, n) of `shapes` with tileiras, no GPU needed:
+    the split kernels where it splits those rows."""
     for dtype, m, n in sorted({(s.dtype, math.prod(s.dims[:-1]), s.dims[-1]) for s in shapes}):
-        array = kt.array(dtype)
+        array, sms = kt.array(dtype), kt.SM_COUNT.get(arch, 132)
+        split = splits(knobs, m, n, sms)
+        if split:
+            first, second = _split_constants(knobs, *split[1:])
+            f32 = kt.array("float32")
+            kt.export(SPLIT_KERNELS[0], split_partial_kernel, [[array, f32, f32, *first]], arch)
+            kt.export(SPLIT_KERNELS[1], split_write_kernel,
+                      [[array, array, f32, f32, *second]], arch)
+            continue
         kt.export(kernel_object(knobs["occupancy"], worker_warps=knobs["worker_warps"]),
-                  softmax_kernel,
-                  [[array, array, *_constants(knobs, m, n, kt.SM_COUNT.get(arch, 132))]], arch)
+                  softmax_kernel, [[array, array, *_constants(knobs, m, n, sms)]], arch)
