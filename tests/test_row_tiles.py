@@ -42,3 +42,35 @@ def test_exact_only_where_the_tiles_end_at_n(rmsnorm, split_row, cols, block_ele
         assert powers <= exact_widths
         assert ({3072, 5120, 12288} <= exact_widths) == split_row
         assert 5000 not in exact_widths and 3000 not in exact_widths
+
+
+@pytest.fixture(scope="module")
+def softmax():
+    return import_module(FOLDER.parent / "softmax", "row_tiles_softmax")
+
+
+@pytest.mark.parametrize("cols,block_elems", itertools.product([0, 2048], [None, 4096]))
+def test_softmax_exact_only_where_one_tile_is_the_row(softmax, cols, block_elems):
+    knobs = {"memory_path": "load_store", "tile": (1, cols), "block_elems": block_elems,
+             "latency": None, "load_allow_tma": None, "store_latency": None,
+             "store_allow_tma": False, "fast_math": True, "persistent": False}
+    exact = [n for n in range(1, 70001) if softmax._constants(knobs, 1000, n, 132)[-1]]
+    for n in exact:
+        tm, tn, one_tile = softmax._constants(knobs, 1000, n, 132)[:3]
+        assert one_tile and tn == n and tm >= 1, n
+    assert exact == [1 << k for k in range(17) if 1 << k <= (cols or softmax.WHOLE_MAX)]
+
+
+@pytest.mark.parametrize("m", [1, 2, 5, 16, 31, 32, 100])
+@pytest.mark.parametrize("n", [32768, 32769, 40000, 50304, 128256])
+def test_softmax_splits_cover_the_row_once(softmax, m, n):
+    knobs = {"split_rows": 32}
+    split = softmax.splits(knobs, m, n, 132)
+    if m >= 32 or n <= softmax.WHOLE_MAX:
+        assert split is None
+        return
+    parts, chunk, parts_pow2 = split
+    tiles = -(-n // softmax.SPLIT_COLS)
+    assert (parts - 1) * chunk < tiles <= parts * chunk      # no chunk empty, none past n
+    assert parts <= parts_pow2 < 2 * parts and parts_pow2 & (parts_pow2 - 1) == 0
+    assert softmax.splits({"split_rows": None}, m, n, 132) is None
