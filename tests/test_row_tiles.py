@@ -49,7 +49,7 @@ def softmax():
     return import_module(FOLDER.parent / "softmax", "row_tiles_softmax")
 
 
-@pytest.mark.parametrize("cols,block_elems", itertools.product([0, 2048], [None, 4096]))
+@pytest.mark.parametrize("cols,block_elems", list(itertools.product([0, 2048], [None, 4096])))
 def test_softmax_exact_only_where_one_tile_is_the_row(softmax, cols, block_elems):
     knobs = {"memory_path": "load_store", "tile": (1, cols), "block_elems": block_elems,
              "latency": None, "load_allow_tma": None, "store_latency": None,
