@@ -51,9 +51,8 @@ def softmax():
 
 @pytest.mark.parametrize("cols,block_elems", list(itertools.product([0, 2048], [None, 4096])))
 def test_softmax_exact_only_where_one_tile_is_the_row(softmax, cols, block_elems):
-    knobs = {"memory_path": "load_store", "tile": (1, cols), "block_elems": block_elems,
-             "latency": None, "load_allow_tma": None, "store_latency": None,
-             "store_allow_tma": False, "fast_math": True, "persistent": False}
+    knobs = {**read_knobs(FOLDER.parent / "softmax" / "knobs.json"), "tile": (1, cols),
+             "block_elems": block_elems}
     exact = [n for n in range(1, 70001) if softmax._constants(knobs, 1000, n, 132)[-1]]
     for n in exact:
         tm, tn, one_tile = softmax._constants(knobs, 1000, n, 132)[:3]

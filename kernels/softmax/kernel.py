@@ -39,7 +39,7 @@ from perfloop import dispatch
 from perfloop import kernel_tools as kt
 
 NEG_INF = ct.PaddingMode.NEG_INF
-UNSET = ct.PaddingMode.UNDETERMINED   # what an unchecked load takes (tileiras 13.4 fails on others)
+UNSET = ct.PaddingMode.UNDETERMINED   # an unchecked load takes no other (tileiras 13.4)
 APPROX = ct.RoundingMode.APPROX
 LOG2E = 1.0 / math.log(2.0)
 PERSISTENT_OCCUPANCY = 4  # blocks per SM of a persistent grid when occupancy is unset
