@@ -834,9 +834,10 @@ def test_the_next_experiment_is_estimated_from_the_slowest_of_its_kind_scaled_by
     assert _estimate(budget.STEP, 3, []) == 0.0
     # a step of 7 candidates times 9 variants where the 4-candidate step timed 6: 60 x 9/6
     assert _estimate(budget.STEP, 7, [base, four]) == pytest.approx(90.0)
-    assert _estimate(budget.STEP, 1, [base, four]) == pytest.approx(60.0)  # never below
+    # one candidate times 3 variants: 60 x 3/6 and 25 x 3/3, the slower
+    assert _estimate(budget.STEP, 1, [base, four]) == pytest.approx(30.0)
     # no dispatch run yet: the slowest of any kind; then dispatches by their own
-    assert _estimate(budget.DISPATCH, 1, [base, four]) == pytest.approx(60.0)
+    assert _estimate(budget.DISPATCH, 1, [base, four]) == pytest.approx(30.0)
     dispatched = [base, four, budget.Spent(budget.DISPATCH, 20.0, timed=1)]
     assert _estimate(budget.DISPATCH, 1, dispatched) == pytest.approx(20.0)
     # a joint search of 30 configs: screened at the default rate, then 4 judged and timed

@@ -4,12 +4,14 @@ budget ([stop] time_budget_s) decides with. Pure functions over plain records.
 An experiment's time is a screening part (when it has more candidates than [search]
 screen_above: each compiled and timed at one shape) and the rest (judge, timing, commit),
 which grows with the variants timed (its candidates past screening, the incumbent and its
-control). The rest is estimated from the slowest experiment of the same kind so far, scaled up
-by its variants, so a tile step of 7 candidates is not taken for a 4-candidate step's 61 s (on
-an H100 it took 88-110 s). Only playbook experiments that timed their candidates to the end
-serve as references: a baseline may hold a cold measurement of the device's ceilings, an
-agent edit is a person's, and one that failed, crashed or fell off a cliff early says little
-of how long a full one takes. A kind without such a reference is estimated from the slowest
+control). The rest is estimated from the slowest experiment of the same kind so far, scaled by
+its variants, so a tile step of 7 candidates is not taken for a 4-candidate step's 61 s (on an
+H100 it took 88-110 s), nor a one-candidate step for a three-candidate step's 199 s (softmax on
+an H200: a run stopped there with 145 s left; RMSNorm's next such step took 85 s after 173).
+Only playbook experiments that timed their candidates to the end serve as references: a
+baseline may hold a cold measurement of the device's ceilings, an agent edit is a person's,
+and one that failed, crashed or fell off a cliff early says little of how long a full one
+takes. A kind without such a reference is estimated from the slowest
 reference of any kind (else from the slowest experiment).
 """
 
@@ -75,7 +77,7 @@ def estimate_s(kind: str, candidates: int, spent: list[Spent], *, screen_above: 
     timed = min(candidates, screen_keep) if screening else candidates
     references = [x for x in spent if x.reference]
     alike = [x for x in references if x.kind == kind] or references or spent
-    rest = max(x.rest_s * max(1.0, (timed + 2) / (x.timed + 2)) for x in alike)
+    rest = max(x.rest_s * (timed + 2) / (x.timed + 2) for x in alike)
     if not screening:
         return rest
     rates = [x.screen_s / x.screened for x in spent if x.screened]
