@@ -69,6 +69,10 @@ def test_a_page_says_what_it_lacks():
     assert "Not confirmed: the confirmation could not be timed: final: crashed." in failed
     other = results.page(facts(bench_of_final=False))
     assert "other knobs than the final ones: run `perfloop bench` again" in other
+    same = results.page(facts(confirmation={"square": {"speedup": 1.0, "speedup_ci": [1.0, 1.0]}},
+                              nothing_kept=True))
+    assert "Nothing was kept: the final incumbent is the baseline commit" in same
+    assert "(1.000-1.000)" not in same   # a ratio by definition is no measurement with a CI
 
 
 def test_workload_rows_render_as_a_table_of_their_keys():

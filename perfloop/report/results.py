@@ -38,6 +38,7 @@ class RunFacts:
     headline: str
     confirmation: dict | None       # shape -> {baseline_ms, final_ms, speedup, speedup_ci}
     confirmation_error: str | None = None
+    nothing_kept: bool = False      # the final incumbent is the baseline commit: nothing timed
     bench: dict | None = None       # bench.json
     bench_of_final: bool = False    # bench.json timed the final knobs
 
@@ -87,6 +88,10 @@ def confirmation(f: RunFacts) -> list[str]:
         why = f.confirmation_error or ("the run has not stopped; it confirms its result when "
                                        "it does")
         return lines + [f"Not confirmed: {why}."]
+    if f.nothing_kept:   # a ratio of 1 by definition, not a measurement: no table of it
+        return lines + ["Nothing was kept: the final incumbent is the baseline commit, so there "
+                        "was nothing to time against it (the run's speedup is 1.000x by "
+                        "definition)."]
     lines += ["The baseline against the final incumbent, timed in one process in alternating "
               "rounds: the run's speedup.", "",
               "| shape | baseline ms | final ms | speedup (95% CI) |", "|:--|--:|--:|--:|"]
