@@ -6,6 +6,8 @@ Every knob in knobs.json is a compile-time constant or a kernel hint:
                    so consecutive blocks share B's tiles in L2 (null: row-major order)
   num_ctas         hint, CTAs per cluster (null: the compiler's choice)
   occupancy        hint, blocks per SM (null: the compiler's choice)
+  worker_warps     hint, warps per block that do the work (cuTile's num_worker_warps, 4 or 8;
+                   null: the compiler's, 4): 128x256x64 tiles without a cluster spill on 4
   persistent       grid of SM count x occupancy blocks striding over C's tiles
   latency          latency hint on the loads of A and B (null: none)
   load_allow_tma   allow_tma on the loads of A and B (null: the compiler's choice)
@@ -71,7 +73,7 @@ def matmul_kernel(A, B, C, TM: ct.Constant[int], TN: ct.Constant[int], TK: ct.Co
         _product(A, B, C, bm, bn, TM, TN, TK, LAT, LTMA, STMA)
 
 
-kernel_object = kt.kernel_objects(matmul_kernel)   # (occupancy, num_ctas) -> ct.kernel
+kernel_object = kt.kernel_objects(matmul_kernel)   # (occupancy, num_ctas, warps) -> ct.kernel
 
 
 def _constants(knobs: dict) -> tuple:
@@ -97,7 +99,7 @@ def build(knobs: dict):
 
 
 def _build_one(knobs: dict):
-    kern = kernel_object(knobs["occupancy"], knobs["num_ctas"])
+    kern = kernel_object(knobs["occupancy"], knobs["num_ctas"], knobs["worker_warps"])
     consts = _constants(knobs)
 
     def launch(inputs, out):
@@ -199,5 +201,5 @@ def compile_ahead(knobs: dict, shapes, arch: str) -> None:
     """Compile this variant for every dtype of `shapes` with tileiras, no GPU needed."""
     arg_lists = [[kt.array(dtype)] * 3 + list(_constants(knobs))
                  for dtype in sorted({s.dtype for s in shapes})]
-    kt.export(kernel_object(knobs["occupancy"], knobs["num_ctas"]), matmul_kernel, arg_lists,
-              arch)
+    kt.export(kernel_object(knobs["occupancy"], knobs["num_ctas"], knobs["worker_warps"]),
+              matmul_kernel, arg_lists, arch)
