@@ -190,6 +190,27 @@ def test_report_before_the_run_stops_says_the_speedup_is_not_confirmed(scratch):
     assert scratch.snapshot() == before
 
 
+def test_a_run_that_kept_nothing_reports_no_timed_speedup(scratch):
+    """The confirmation of a run that kept nothing times nothing: its 1.000x is a ratio by
+    definition, never shown as a measurement with a 95% interval."""
+    scratch.script([])                     # no knob changes the time: every step is reverted
+    scratch.commit_all("script")
+    code, _, err = scratch.cli("run", "--kernel", "scripted")
+    assert code == 0, err
+    code, r, _ = scratch.cli("report", "--kernel", "scripted")
+    assert code == 0 and r["changes"]["kept"] == 0
+    assert r["speedup"]["method"] == review.NOTHING_KEPT and r["speedup"]["ci"] is None
+    assert r["speedup"]["speedup"] == 1.0 and r["speedup"]["confirmed"]
+    assert all(sh["speedup_ci"] is None and sh["speedup_method"] == review.NOTHING_KEPT
+               for sh in r["shapes"])
+    code, text, _ = human(scratch, "report", "--kernel", "scripted")
+    assert "1.000x, nothing kept" in text and "1.000x (nothing kept)" in text
+    assert "timed in one process" not in text and "(1.000-1.000)" not in text
+    code, _, _ = scratch.cli("report", "--kernel", "scripted", "--results", "sandbox/R.md")
+    page = (scratch.path / "sandbox/R.md").read_text()
+    assert code == 0 and "Nothing was kept" in page and "(1.000-1.000)" not in page
+
+
 def test_report_reads_floors_and_the_last_bench(finished, tmp_path):
     repo = copy_of(finished, tmp_path)
     add_floors_and_bench(repo)

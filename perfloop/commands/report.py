@@ -117,7 +117,7 @@ def execute(args):
     shapes = review.shapes(recs, [sh.name for sh in s.spec.shapes], st.incumbent, confirmation,
                            bench, head)
     speedup = views.speedup(s, recs)
-    confirmed = speedup["method"] == review.ONE_PROCESS
+    confirmed = speedup["method"] in (review.ONE_PROCESS, review.NOTHING_KEPT)
     env = next((r.environment for r in reversed(recs) if r.environment), None)
     out = {
         "kernel": s.spec.name, "branch": st.branch, "experiments": len(recs),
@@ -209,7 +209,9 @@ def shapes_frame(r):
                                   if sh["floor_ms"] else "-"),
                "speedup (one process, 95% CI)": (
                    f"{sh['speedup']:.3f}x ({sh['speedup_ci'][0]:.3f}-{sh['speedup_ci'][1]:.3f})"
-                   if sh["speedup"] is not None and sh["speedup_ci"] else "not confirmed")}
+                   if sh["speedup"] is not None and sh["speedup_ci"] else
+                   "1.000x (nothing kept)" if sh["speedup_method"] == review.NOTHING_KEPT
+                   else "not confirmed")}
         for c in sh["competitors"]:
             row[f"{c['variant']} ms (bench)"] = _num(c["median_ms"])
             row[f"{c['variant']} / cutile (bench)"] = _num(c["vs_cutile"], ".3f")
@@ -253,7 +255,10 @@ def summary_lines(r) -> list[str]:
              f"({c['kept']} kept, {c['reverted']} reverted, {c['crashed']} crashed; "
              f"{fails} correctness failure{'s' if fails != 1 else ''})"]
     sp = r["speedup"]
-    if sp["confirmed"]:
+    if sp["method"] == review.NOTHING_KEPT:
+        lines.append(f"speedup at the headline shape ({r['headline']}): 1.000x, nothing kept "
+                     "(the final incumbent is the baseline; nothing to time against it)")
+    elif sp["confirmed"]:
         ci = f" (95% CI {sp['ci'][0]:.3f}-{sp['ci'][1]:.3f})" if sp["ci"] else ""
         lines.append(f"speedup at the headline shape ({r['headline']}): {sp['speedup']:.3f}x{ci}, "
                      "the baseline and the final incumbent timed in one process")

@@ -19,6 +19,7 @@ from perfloop.core.vocab import Correctness, Kind, Status
 from perfloop.store.records import Confirmation, Experiment, incumbent_timed, timed
 
 ONE_PROCESS = "one-process confirmation"
+NOTHING_KEPT = "nothing kept: the final incumbent is the baseline, so nothing was timed"
 # bench's label of the kernel itself, and of its second timing (the A/A control)
 BENCH_SELF, BENCH_AGAIN = "cutile", "cutile-again"
 
@@ -126,6 +127,8 @@ def shapes(recs: list[Experiment], names: list[str], incumbent: str,
     medians (each from its own experiment, so from different processes), their shares of the
     physical floor, the one-process speedup when confirmed, and the last bench's competitors."""
     confirmed = confirmation.shapes if confirmation else {}
+    same = bool(confirmation and confirmation.baseline == confirmation.incumbent)
+    method = NOTHING_KEPT if same else ONE_PROCESS
     rivals = competitors(bench)
     out = []
     for name in names:
@@ -141,8 +144,8 @@ def shapes(recs: list[Experiment], names: list[str], incumbent: str,
             "baseline_share_of_floor": base and base.get("share_of_floor"),
             "incumbent_share_of_floor": inc and inc.get("share_of_floor"),
             "speedup": one["speedup"] if one else None,
-            "speedup_ci": one.get("speedup_ci") if one else None,
-            "speedup_method": ONE_PROCESS if one else None,
+            "speedup_ci": one.get("speedup_ci") if one and not same else None,
+            "speedup_method": method if one else None,
             "competitors": rivals.get(name, []),
         })
     return out

@@ -43,8 +43,11 @@ def speedup(s: Session, recs: list[records.Experiment]) -> dict:
     confirmed = s.confirmation()
     if confirmed and head in confirmed.shapes:
         shape = confirmed.shapes[head]
+        if confirmed.baseline == confirmed.incumbent:   # a ratio of 1 by definition
+            return {"speedup": 1.0, "ci": None, "method": review.NOTHING_KEPT,
+                    "shapes": confirmed.shapes}
         return {"speedup": shape["speedup"], "ci": shape.get("speedup_ci"),
-                "method": "one-process confirmation", "shapes": confirmed.shapes}
+                "method": review.ONE_PROCESS, "shapes": confirmed.shapes}
     value = 1.0
     for r in recs[1:]:
         if r.status == Status.KEEP and r.gain is not None:
