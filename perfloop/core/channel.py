@@ -14,8 +14,11 @@ import select
 import time
 
 
+NO_ANSWER = "no answer in time"
+
+
 class Closed(Exception):
-    """The other end went away (it died), or did not answer in time."""
+    """The other end went away (it died), or did not answer in time (NO_ANSWER)."""
 
 
 class Channel:
@@ -36,7 +39,7 @@ class Channel:
             if deadline is not None:
                 left = deadline - time.monotonic()
                 if left <= 0 or not select.select([self.read_fd], [], [], left)[0]:
-                    raise Closed("no answer in time")
+                    raise Closed(NO_ANSWER)
             chunk = os.read(self.read_fd, n - len(out))
             if not chunk:
                 raise Closed("the other end is gone")

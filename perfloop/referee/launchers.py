@@ -22,13 +22,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from perfloop.core import spawn
-from perfloop.core.channel import Channel, Closed
+from perfloop.core.channel import NO_ANSWER, Channel, Closed
 
 
 class LauncherFailed(Exception):
     def __init__(self, label: str, reason: str, kind: str = "crash"):
         super().__init__(reason)
         self.label, self.reason, self.kind = label, reason, kind
+
+
+EXIT_GRACE_S = 10.0   # how long a launcher whose channel closed may take to exit
 
 
 class Forked:
@@ -43,6 +46,14 @@ class Forked:
             if pid:
                 self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
+
+    def poll_for(self, seconds: float) -> int | None:
+        """poll(), retried for up to `seconds`: a process closes its pipes on its way out,
+        so its channel can read closed before the process can be reaped."""
+        deadline = time.monotonic() + seconds
+        while (code := self.poll()) is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return code
 
     def wait(self, timeout=None) -> int:
         if self.returncode is None:
@@ -190,10 +201,16 @@ class Launcher:
         return answer
 
     def _failed(self, why: str) -> LauncherFailed:
-        code = self.proc.poll()
+        timed_out = why == NO_ANSWER
+        # a channel that closed is a process on its way out: wait for it, or a SIGSEGV read as
+        # a hang (seen on the loaded 2-core CPU machine: "a hang" 0.03 s into its timing)
+        code = self.proc.poll() if timed_out else self.proc.poll_for(EXIT_GRACE_S)
         if code is None:
             self.kill()
-            return LauncherFailed(self.label, f"did not answer in {self.reply_s:.0f} s (a hang)")
+            if timed_out:
+                return LauncherFailed(self.label,
+                                      f"did not answer in {self.reply_s:.0f} s (a hang)")
+            return LauncherFailed(self.label, f"{why}, and it did not exit: killed")
         if code < 0:
             return LauncherFailed(self.label, f"died from signal {signal.Signals(-code).name}")
         return LauncherFailed(self.label, f"exited with status {code} ({why})")
