@@ -162,7 +162,7 @@ def _facts(s: Session, recs, confirmation, bench, bench_info) -> results.RunFact
         shapes=[sh.name for sh in s.spec.shapes], headline=s.spec.headline.name,
         confirmation=(confirmation.shapes or None) if confirmation else None,
         confirmation_error=confirmation.error if confirmation else None,
-        nothing_kept=bool(confirmation and confirmation.baseline == confirmation.incumbent),
+        nothing_kept=bool(confirmation and confirmation.nothing_kept),
         bench=bench, bench_of_final=bool(bench_info and bench_info["same_knobs_as_final"]))
 
 

@@ -127,7 +127,7 @@ def shapes(recs: list[Experiment], names: list[str], incumbent: str,
     medians (each from its own experiment, so from different processes), their shares of the
     physical floor, the one-process speedup when confirmed, and the last bench's competitors."""
     confirmed = confirmation.shapes if confirmation else {}
-    same = bool(confirmation and confirmation.baseline == confirmation.incumbent)
+    same = bool(confirmation and confirmation.nothing_kept)
     method = NOTHING_KEPT if same else ONE_PROCESS
     rivals = competitors(bench)
     out = []

@@ -43,7 +43,7 @@ def speedup(s: Session, recs: list[records.Experiment]) -> dict:
     confirmed = s.confirmation()
     if confirmed and head in confirmed.shapes:
         shape = confirmed.shapes[head]
-        if confirmed.baseline == confirmed.incumbent:   # a ratio of 1 by definition
+        if confirmed.nothing_kept:
             return {"speedup": 1.0, "ci": None, "method": review.NOTHING_KEPT,
                     "shapes": confirmed.shapes}
         return {"speedup": shape["speedup"], "ci": shape.get("speedup_ci"),

@@ -151,6 +151,11 @@ class Confirmation(_Record):
     error: str | None = _f(str, required=False)
     extra: dict = field(default_factory=dict)
 
+    @property
+    def nothing_kept(self) -> bool:
+        """The final incumbent is the baseline: its speedup is 1 by definition, not timed."""
+        return self.baseline == self.incumbent
+
 
 Record = Experiment | Confirmation
 
