@@ -35,6 +35,8 @@ COMBOS = {
                            "occupancy": 2, "latency": 4},
     "wide-clustered": {"tile": [128, 256, 64], "num_ctas": 2, "group": 4,
                        "load_allow_tma": False, "store_allow_tma": False},
+    # the few-rows finalist everywhere (no dispatch table), at every M of the cases
+    "few-rows": {"tile": [16, 64, 128], "group": 4, "dispatch": {}},
 }
 VARIANTS = requested_variants() or default_variants(FOLDER, COMBOS)
 
