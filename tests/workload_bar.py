@@ -38,8 +38,8 @@ from perfloop.core.kernel import import_module  # noqa: E402
 from perfloop.core.manifest import load_spec  # noqa: E402
 
 PAD = int(os.environ.get("BAR_PAD_CYCLES", "400000"))
-CLEARS = {"both": ("write", "read")}.get(os.environ.get("BAR_CLEAR", "write"),
-                                          (os.environ.get("BAR_CLEAR", "write"),))
+CLEARS = {"write": ("write",), "read": ("read",), "both": ("write", "read")}.get(
+    os.environ.get("BAR_CLEAR", "write")) or sys.exit("BAR_CLEAR must be write, read or both")
 BAR = 0.9
 _driver = triton.runtime.driver.active
 _shipped_clear = _driver.clear_cache
