@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from perfloop.referee import clock as measure
-from perfloop.core import autotune, stats
+from perfloop.core import autotune, dispatch, stats
 from perfloop.core.kernel import Shape, import_module, read_knobs
 from perfloop.core.playbook import SHIPPED, load
 
@@ -32,7 +32,7 @@ def _swiglu(tag):
     """SwiGLU's plain knobs with autotune on, without its dispatch table: a dispatched launch
     routes to one launcher per bucket, and these tests read the one launcher's tuner."""
     module = import_module(FOLDER, tag)
-    knobs = {k: v for k, v in read_knobs(FOLDER / "knobs.json").items() if k != "dispatch"}
+    knobs = dispatch.knobs_for(read_knobs(FOLDER / "knobs.json"), "")
     return module, {**knobs, "autotune": True}
 
 
@@ -63,8 +63,8 @@ def test_second_call_and_second_process_do_not_search(fresh_cache):
     script = (f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
               "from perfloop.core.kernel import import_module, read_knobs, Shape\n"
               f"m = import_module(__import__('pathlib').Path({str(FOLDER)!r}), 'second')\n"
-              "k = {n: v for n, v in read_knobs(m.KNOBS).items() if n != 'dispatch'}\n"
-              "k = {**k, 'autotune': True}\n"
+              "from perfloop.dispatch import knobs_for\n"
+              "k = {**knobs_for(read_knobs(m.KNOBS), ''), 'autotune': True}\n"
               f"a, b = m.make_inputs(Shape('t', {SHAPE.dims!r}, 'bfloat16'), 1, 'cuda')\n"
               "import torch, json; out = torch.empty_like(a); f = m.build(k); f((a, b), out)\n"
               "torch.cuda.synchronize(); print(json.dumps({'searches': f.tuner.searches}))\n")
