@@ -5,8 +5,10 @@ import json
 
 import pytest
 import torch
+from conftest import ROOT
 
 from perfloop import kernel_tools as kt
+from perfloop.core.kernel import import_module
 
 
 def test_the_public_path_is_the_core_module():
@@ -92,3 +94,17 @@ def test_rows_per_block_halve_until_every_sm_has_two_blocks():
     assert kt.fill_rows(8, 298, 132) == 1              # fewer rows than SMs: one per block
     assert kt.fill_rows(1, 7, 132) == 1
     assert kt.fill_rows(16, 4224, 132) == 16           # exactly two blocks per SM
+
+
+@pytest.mark.parametrize("rows,cols,tile", [(1, 11008, [1, 1024]), (4096, 14336, [1, 2048]),
+                                            (70001, 3, [1, 1024]), (200000, 5000, [2, 1024]),
+                                            (131070, 2048, [1, 2048])])
+def test_swiglus_grid_covers_every_tile_once_within_the_y_limit(rows, cols, tile):
+    swiglu = import_module(ROOT / "kernels" / "swiglu", "grid_swiglu")
+    x, y, z = swiglu.grid({"tile": tile, "persistent": False}, rows, cols, torch.device("cpu"))
+    row_tiles, col_tiles = -(-rows // tile[0]), -(-cols // tile[1])
+    assert x == col_tiles and y <= 65535
+    # the kernel's row index i = y_index + z_index * y skips i >= row_tiles
+    covered = sorted(yi + zi * y for zi in range(z) for yi in range(y))
+    assert [i for i in covered if i < row_tiles] == list(range(row_tiles))
+    assert len(covered) - row_tiles < z

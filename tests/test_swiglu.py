@@ -25,7 +25,8 @@ FOLDER = Path(__file__).resolve().parent.parent / "kernels" / "swiglu"
 # (dtype, shape): tails that no tile width divides, a single element, 3-D, a full-width row
 CASES = [("bfloat16", (257, 1000)), ("float16", (3, 5, 777)), ("float32", (64, 4096)),
          ("bfloat16", (2, 3000)), ("float32", (1, 1)), ("bfloat16", (130, 11008)),
-         ("float16", (33, 8193)), ("float32", (2, 64, 5000))]
+         ("float16", (33, 8193)), ("float32", (2, 64, 5000)),
+         ("float16", (70001, 3))]   # row tiles past the grid's y limit of 65535 spill into z
 SEEDS = (0, 1)
 # the kernel's declared tolerances (kernel.toml), the same the timing worker checks with
 TOLERANCE = {dtype: tolerance(FOLDER, dtype) for dtype in ("bfloat16", "float16", "float32")}

@@ -65,26 +65,34 @@ def swiglu_kernel(a, b, c, GATHER: ct.Constant[bool], TR: ct.Constant[int],
     """c = silu(a) * b over TR x TC tiles: one tile per block, or grid-stride when PERSIST.
     GATHER moves each tile with element indices (ct.gather/ct.scatter, bounds-checked, no
     tensor maps) instead of ct.load/ct.store; STORE_TMA does not apply to scatter."""
-    n_cols = ct.cdiv(a.shape[1], TC)
-    total = ct.cdiv(a.shape[0], TR) * n_cols
-    step = ct.num_blocks(0) if PERSIST else total
-    for t in range(ct.bid(0), total, step):
-        i = t // n_cols
-        j = t % n_cols
-        if GATHER:
-            rows = ct.reshape(i * TR + ct.arange(TR, dtype=ct.int32), (TR, 1))
-            cols = ct.reshape(j * TC + ct.arange(TC, dtype=ct.int32), (1, TC))
-            out = _silu_mul(_gather(a, rows, cols, LAT), _gather(b, rows, cols, LAT), FAST)
-            ct.scatter(c, (rows, cols), ct.astype(out, c.dtype))
+    if PERSIST:
+        n_cols = ct.cdiv(a.shape[1], TC)
+        total = ct.cdiv(a.shape[0], TR) * n_cols
+        for t in range(ct.bid(0), total, ct.num_blocks(0)):
+            _tile(a, b, c, t // n_cols, t % n_cols, GATHER, TR, TC, FAST, LAT, STORE_TMA)
+    else:
+        # a grid of (column tiles, row tiles over y and z; see grid()): no division by a
+        # runtime count before the first load, which at a few rows is much of a launch
+        i = ct.bid(1) + ct.bid(2) * ct.num_blocks(1)
+        if i < ct.cdiv(a.shape[0], TR):
+            _tile(a, b, c, i, ct.bid(0), GATHER, TR, TC, FAST, LAT, STORE_TMA)
+
+
+def _tile(a, b, c, i, j, GATHER, TR, TC, FAST, LAT, STORE_TMA):
+    if GATHER:
+        rows = ct.reshape(i * TR + ct.arange(TR, dtype=ct.int32), (TR, 1))
+        cols = ct.reshape(j * TC + ct.arange(TC, dtype=ct.int32), (1, TC))
+        out = _silu_mul(_gather(a, rows, cols, LAT), _gather(b, rows, cols, LAT), FAST)
+        ct.scatter(c, (rows, cols), ct.astype(out, c.dtype))
+    else:
+        out = ct.astype(_silu_mul(_load(a, i, j, TR, TC, LAT), _load(b, i, j, TR, TC, LAT),
+                                  FAST), c.dtype)
+        if STORE_TMA == 0:
+            ct.store(c, (i, j), out, allow_tma=False)
+        elif STORE_TMA == 1:
+            ct.store(c, (i, j), out, allow_tma=True)
         else:
-            out = ct.astype(_silu_mul(_load(a, i, j, TR, TC, LAT), _load(b, i, j, TR, TC, LAT),
-                                      FAST), c.dtype)
-            if STORE_TMA == 0:
-                ct.store(c, (i, j), out, allow_tma=False)
-            elif STORE_TMA == 1:
-                ct.store(c, (i, j), out, allow_tma=True)
-            else:
-                ct.store(c, (i, j), out)
+            ct.store(c, (i, j), out)
 
 
 kernel_object = kt.kernel_objects(swiglu_kernel)   # (occupancy, num_ctas) -> ct.kernel
@@ -98,9 +106,15 @@ def _constants(knobs: dict) -> tuple:
             bool(knobs["persistent"]))
 
 
-def grid(knobs: dict, m: int, n: int, device, occupancy: int | None = None) -> tuple[int]:
+def grid(knobs: dict, m: int, n: int, device, occupancy: int | None = None) -> tuple:
     rows, cols = knobs["tile"]
-    return kt.grid(-(-m // rows) * -(-n // cols), knobs["persistent"],
+    if not knobs["persistent"]:
+        # column tiles on x, so blocks run in the rows' order; row tiles past y's limit of
+        # 65535 spill into z (the kernel skips the at most z - 1 blocks past the last one)
+        row_tiles = -(-m // rows)
+        z = max(1, -(-row_tiles // 65535))
+        return (-(-n // cols), -(-row_tiles // z), z)
+    return kt.grid(-(-m // rows) * -(-n // cols), True,
                    occupancy or knobs["occupancy"] or PERSISTENT_OCCUPANCY, device)
 
 
