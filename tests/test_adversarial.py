@@ -303,11 +303,11 @@ def test_the_winner_of_several_candidates_is_timed_again_before_it_is_kept(scrat
 # ---- on the GPU: SwiGLU, edited by an agent ----------------------------------------------
 BUSY_WAIT_AT = "        a, b, c = _operands(knobs, inputs, out)\n        ct.launch("
 SWIGLU_ATTACKS = {
-    # launches 7% fewer blocks when the input is larger than any judge case
+    # launches 7% fewer rows of blocks when the input is larger than any judge case
     "skip part of the grid at large sizes": (
         "        ct.launch(torch.cuda.current_stream(), grid(knobs, *a.shape, a.device), kern,",
         "        g = grid(knobs, *a.shape, a.device)\n"
-        "        g = (g[0] * 93 // 100,) if a.numel() > 50_000_000 else g\n"
+        "        g = (g[0], g[1] * 93 // 100, g[2]) if a.numel() > 50_000_000 else g\n"
         "        ct.launch(torch.cuda.current_stream(), g, kern,",
         "timed output differs from the reference at llama7b-bf16"),
     "return without launching at large sizes": (
@@ -317,10 +317,10 @@ SWIGLU_ATTACKS = {
         "timed output differs from the reference at llama7b-bf16"),
     "move the work to a side stream": (
         "        ct.launch(torch.cuda.current_stream(), grid(knobs, *a.shape, a.device), kern,\n"
-        "                  (a, b, c, *consts))",
+        "                  (a, b, c, *consts, _one_col(knobs, a)))",
         "        side = _side_stream()\n        side.wait_stream(torch.cuda.current_stream())\n"
         "        ct.launch(side, grid(knobs, *a.shape, a.device), kern,\n"
-        "                  (a, b, c, *consts))",
+        "                  (a, b, c, *consts, _one_col(knobs, a)))",
         # the timer poisons the output and reads it back on the stream it timed: the work
         # left running on a side stream has not written it yet
         "timed output differs from the reference at llama7b-bf16"),

@@ -61,10 +61,12 @@ def _gather(arr, rows, cols, LAT):
 
 def swiglu_kernel(a, b, c, GATHER: ct.Constant[bool], TR: ct.Constant[int],
                   TC: ct.Constant[int], FAST: ct.Constant[bool], LAT: ct.Constant[int],
-                  STORE_TMA: ct.Constant[int], PERSIST: ct.Constant[bool]):
+                  STORE_TMA: ct.Constant[int], PERSIST: ct.Constant[bool],
+                  ONE_COL: ct.Constant[bool]):
     """c = silu(a) * b over TR x TC tiles: one tile per block, or grid-stride when PERSIST.
     GATHER moves each tile with element indices (ct.gather/ct.scatter, bounds-checked, no
-    tensor maps) instead of ct.load/ct.store; STORE_TMA does not apply to scatter."""
+    tensor maps) instead of ct.load/ct.store; STORE_TMA does not apply to scatter. ONE_COL:
+    one column of tiles (a flat view, or rows no wider than TC), so the grid's x is 1."""
     if PERSIST:
         n_cols = ct.cdiv(a.shape[1], TC)
         total = ct.cdiv(a.shape[0], TR) * n_cols
@@ -75,7 +77,10 @@ def swiglu_kernel(a, b, c, GATHER: ct.Constant[bool], TR: ct.Constant[int],
         # runtime count before the first load, which at a few rows is much of a launch
         i = ct.bid(1) + ct.bid(2) * ct.num_blocks(1)
         if i < ct.cdiv(a.shape[0], TR):
-            _tile(a, b, c, i, ct.bid(0), GATHER, TR, TC, FAST, LAT, STORE_TMA)
+            if ONE_COL:   # bid(0) is an exact division by the cluster's width: skip it
+                _tile(a, b, c, i, 0, GATHER, TR, TC, FAST, LAT, STORE_TMA)
+            else:
+                _tile(a, b, c, i, ct.bid(0), GATHER, TR, TC, FAST, LAT, STORE_TMA)
 
 
 def _tile(a, b, c, i, j, GATHER, TR, TC, FAST, LAT, STORE_TMA):
@@ -104,6 +109,10 @@ def _constants(knobs: dict) -> tuple:
     gather = {"load_store": False, "gather_scatter": True}[knobs["memory_path"]]
     return (gather, rows, cols, bool(knobs["fast_math"]), knobs["latency"] or 0, tma,
             bool(knobs["persistent"]))
+
+
+def _one_col(knobs: dict, a) -> bool:
+    return not knobs["persistent"] and a.shape[1] <= knobs["tile"][1]
 
 
 def grid(knobs: dict, m: int, n: int, device, occupancy: int | None = None) -> tuple:
@@ -151,7 +160,7 @@ def _build_one(knobs: dict):
     def launch(inputs, out):
         a, b, c = _operands(knobs, inputs, out)
         ct.launch(torch.cuda.current_stream(), grid(knobs, *a.shape, a.device), kern,
-                  (a, b, c, *consts))
+                  (a, b, c, *consts, _one_col(knobs, a)))
         return out
 
     return launch
@@ -173,7 +182,7 @@ def _autotuned(knobs: dict, consts: tuple):
         key = (tuple(a.shape), str(a.dtype), str(a.device))
         tuner.launch(torch.cuda.current_stream(), key,
                      grid_fn=lambda cfg: grid(knobs, *a.shape, a.device, cfg["occupancy"]),
-                     args_fn=lambda cfg: (a, b, c, *consts))
+                     args_fn=lambda cfg: (a, b, c, *consts, _one_col(knobs, a)))
         return out
 
     launch.tuner = tuner
@@ -234,7 +243,9 @@ def compile_ahead(knobs: dict, shapes, arch: str) -> None:
     if knobs.get("autotune"):
         occupancies += [cfg["occupancy"] for cfg in space_for("memory-bound", _cc(arch))]
     consts = list(_constants(knobs))
-    arg_lists = [[kt.array(dtype)] * 3 + consts for dtype in sorted({s.dtype for s in shapes})]
+    arg_lists = [[kt.array(dtype)] * 3 + consts + [one_col]
+                 for dtype in sorted({s.dtype for s in shapes})
+                 for one_col in ((False,) if knobs["persistent"] else (False, True))]
     for occupancy in dict.fromkeys(occupancies):
         kt.export(kernel_object(occupancy, knobs["num_ctas"]), swiglu_kernel, arg_lists, arch)
 
