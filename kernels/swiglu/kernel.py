@@ -73,7 +73,7 @@ def swiglu_kernel(a, b, c, GATHER: ct.Constant[bool], TR: ct.Constant[int],
         for t in range(ct.bid(0), total, ct.num_blocks(0)):
             _tile(a, b, c, t // n_cols, t % n_cols, GATHER, TR, TC, FAST, LAT, STORE_TMA)
     else:
-        # a grid of (column tiles, row tiles over y and z; see grid()): no division by a
+        # column tiles on x, row tiles over y and z (kt.spread_grid): no division by a
         # runtime count before the first load, which at a few rows is much of a launch
         i = ct.bid(1) + ct.bid(2) * ct.num_blocks(1)
         if i < ct.cdiv(a.shape[0], TR):
@@ -117,12 +117,8 @@ def _one_col(knobs: dict, a) -> bool:
 
 def grid(knobs: dict, m: int, n: int, device, occupancy: int | None = None) -> tuple:
     rows, cols = knobs["tile"]
-    if not knobs["persistent"]:
-        # column tiles on x, so blocks run in the rows' order; row tiles past y's limit of
-        # 65535 spill into z (the kernel skips the at most z - 1 blocks past the last one)
-        row_tiles = -(-m // rows)
-        z = max(1, -(-row_tiles // 65535))
-        return (-(-n // cols), -(-row_tiles // z), z)
+    if not knobs["persistent"]:   # column tiles on x, so blocks run in the rows' order
+        return kt.spread_grid(-(-m // rows), x=-(-n // cols))
     return kt.grid(-(-m // rows) * -(-n // cols), True,
                    occupancy or knobs["occupancy"] or PERSISTENT_OCCUPANCY, device)
 
