@@ -74,7 +74,7 @@ def swiglu_kernel(a, b, c, GATHER: ct.Constant[bool], TR: ct.Constant[int],
             _tile(a, b, c, t // n_cols, t % n_cols, GATHER, TR, TC, FAST, LAT, STORE_TMA)
     else:
         # column tiles on x, row tiles over y and z (kt.spread_grid): no division by a
-        # runtime count before the first load, which at a few rows is much of a launch
+        # runtime count before the first load (2-3% of a launch at a few rows)
         i = ct.bid(1) + ct.bid(2) * ct.num_blocks(1)
         if i < ct.cdiv(a.shape[0], TR):
             if ONE_COL:   # bid(0) is an exact division by the cluster's width: skip it
