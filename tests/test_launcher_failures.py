@@ -3,7 +3,10 @@ channel that closed is a process on its way out, not a hang."""
 
 import os
 import signal
+import subprocess
 import time
+
+import pytest
 
 from perfloop.core.channel import NO_ANSWER
 from perfloop.referee import launchers
@@ -52,3 +55,14 @@ def test_a_launcher_that_closed_its_channel_and_lives_on_is_killed_and_said_so(m
     failed = launcher._failed("an answer that is not JSON")
     assert failed.reason == "an answer that is not JSON, and it did not exit: killed"
     assert launcher.proc.poll_for(5) == -signal.SIGKILL
+
+
+def test_waiting_on_a_launcher_with_a_timeout_raises_rather_than_blocks():
+    launcher = launcher_of(lambda: time.sleep(60))
+    t0 = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired):
+        launcher.proc.wait(timeout=0.2)
+    assert time.monotonic() - t0 < 5
+    os.kill(launcher.proc.pid, signal.SIGKILL)
+    assert launcher.proc.wait(timeout=5) == -signal.SIGKILL
+    assert launcher.proc.wait() == -signal.SIGKILL

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -56,6 +57,10 @@ class Forked:
         return code
 
     def wait(self, timeout=None) -> int:
+        if timeout is not None:   # as Popen.wait: raise rather than block past the timeout
+            if self.poll_for(timeout) is None:
+                raise subprocess.TimeoutExpired(f"launcher {self.pid}", timeout)
+            return self.returncode
         if self.returncode is None:
             _, status = os.waitpid(self.pid, 0)
             self.returncode = os.waitstatus_to_exitcode(status)

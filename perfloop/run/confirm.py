@@ -37,7 +37,8 @@ def measure(s: Session) -> dict:
               "incumbent": st.incumbent, "headline": s.spec.headline.name, "shapes": {},
               "started_at": started}
     if st.incumbent == st.base_commit:
-        record.update(shapes={sh.name: {"speedup": 1.0, "speedup_ci": [1.0, 1.0], "ratio": 1.0}
+        # 1.0 by definition, not a measurement: no interval to quote
+        record.update(shapes={sh.name: {"speedup": 1.0, "speedup_ci": None, "ratio": 1.0}
                               for sh in s.spec.shapes},
                       detail="the incumbent is the baseline: nothing was kept")
     else:
