@@ -128,6 +128,13 @@ def _terminated(signum, frame):
     raise Terminated()
 
 
+def _resume_hint(args) -> str:
+    """Only init, run and step leave a run to resume; check, bench and the readers leave none."""
+    if args.command in ("init", "run", "step"):
+        return "; `perfloop run --resume` continues the run"
+    return ""
+
+
 def _main(argv: list[str]) -> int:
     try:
         args = parser(json_help="--json" in argv).parse_args(argv)
@@ -144,10 +151,9 @@ def _main(argv: list[str]) -> int:
     except UserError as exc:
         return _emit_error(args, str(exc), exc.exit_code)
     except Terminated:
-        return _emit_error(args, "terminated (SIGTERM); `perfloop run --resume` continues the "
-                                 "run", Terminated.exit_code)
+        return _emit_error(args, "terminated (SIGTERM)" + _resume_hint(args), Terminated.exit_code)
     except KeyboardInterrupt:
-        return _emit_error(args, "interrupted; `perfloop run --resume` continues the run", 130)
+        return _emit_error(args, "interrupted" + _resume_hint(args), 130)
     except BrokenPipeError as exc:  # a child's pipe, not the reader's (nothing printed yet)
         return _internal(args, exc)
     except OSError as exc:

@@ -287,3 +287,24 @@ def test_check_argument_mistakes(scratch):
     code, _, err = human(scratch.path, "check", "--kernel", "scripted")
     assert code == 2
     assert_one_line(err, "has no compile_ahead")
+
+
+@pytest.mark.parametrize("command, hint", [("check", False), ("bench", False), ("run", True),
+                                           ("step", True)])
+def test_an_interruption_points_to_resume_only_where_there_is_a_run(monkeypatch, capsys,
+                                                                    command, hint):
+    from perfloop import cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli.COMMANDS[command], "execute", interrupted)
+    # (this process is pytest's: no subreaper, no SIGTERM handler, no sweep of its children)
+    monkeypatch.setattr(cli.spawn, "become_subreaper", lambda: None)
+    monkeypatch.setattr(cli.signal, "signal", lambda *a: None)
+    monkeypatch.setattr(cli.process, "kill_strays", lambda: 0)
+    argv = [command, "--kernel", "swiglu"] + (["--opt", "fast_math"] if command == "step" else [])
+    assert cli._main(argv) == 130
+    said = capsys.readouterr()
+    line = (said.err + said.out).strip().splitlines()[-1]
+    assert "interrupted" in line and ("--resume" in line) == hint, line
