@@ -17,6 +17,10 @@ reads the same buffer (a clean L2, as perfloop's own clock leaves it) and prints
 the bar is the first.
 
     python tests/workload_bar.py SEED COUNT [kernel ...]     # e.g. 7 8
+
+A kernel given as a path (it has a "/") is a folder of one's own, e.g. one written from the
+README: it runs through `perfloop.dispatch.launcher` with its knobs.json, as its callers
+would, against torch.compile of its reference and its competitors().
 """
 
 import math
@@ -34,6 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from perfloop.commands.bench import drawn  # noqa: E402
+from perfloop.core import dispatch  # noqa: E402
 from perfloop.core.kernel import import_module  # noqa: E402
 from perfloop.core.manifest import load_spec  # noqa: E402
 
@@ -99,14 +104,33 @@ def peers(name: str, module, inputs) -> dict:
     return fns
 
 
+def _routed(module, spec):
+    """f(*inputs) -> out through the kernel's committed knobs, routed by bucket."""
+    launch = dispatch.launcher(module, spec.read_knobs(), folder=spec.folder)
+
+    def public(*inputs):
+        out = module.empty_output(inputs)
+        launch(inputs, out)
+        return out
+
+    return public
+
+
 def main(seed: int, count: int, names: list[str]) -> None:
     warnings.simplefilter("ignore")
     print(torch.cuda.get_device_name(), flush=True)
     summary = {}
     for name in names:
-        spec = load_spec(ROOT / "kernels" / name, ROOT)
-        module = import_module(spec.folder, f"bar_{name}")
-        public = getattr(module, name)
+        if "/" in name:   # a folder of one's own: its launch as the loop measured it
+            folder = Path(name).resolve()
+            spec = load_spec(folder, folder.parent.parent)
+            name = spec.name
+            module = import_module(spec.folder, f"bar_{name}")
+            public = _routed(module, spec)
+        else:
+            spec = load_spec(ROOT / "kernels" / name, ROOT)
+            module = import_module(spec.folder, f"bar_{name}")
+            public = getattr(module, name)
         ratios = {clear: [] for clear in CLEARS}
         for shape in [*drawn(spec, count, seed)[1], *spec.shapes]:
             inputs = module.make_inputs(shape, 0, "cuda")
