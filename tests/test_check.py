@@ -203,3 +203,22 @@ def test_a_compiler_killed_by_a_signal_is_tried_once_more():
     with pytest.raises(CompilerExecutionError):
         _compile(failed, {}, [], "sm_90")
     assert failed.calls == 1
+
+
+def test_all_combinations_past_the_cap_are_refused_in_one_line(tmp_path):
+    from test_cli_errors import human
+
+    repo = _broken_repo(tmp_path)   # a small space: --all is taken (one tile fails to compile)
+    code, out, err = human(repo, "check", "--kernel", "kernels/broken", "--arch", "sm_90",
+                           "--all", "--json")
+    assert code == 1 and json.loads(out.strip().splitlines()[-1])["coverage"] == \
+        "all combinations", err
+    # twelve knobs, as the README-written row norm has: refused before anything compiles
+    shutil.copytree(ROOT / "tests" / "readme_rownorm" / "kernels" / "rownorm",
+                    repo / "kernels" / "rownorm")
+    (repo / "tests" / "judge_rownorm.py").write_text("")
+    code, out, err = human(repo, "check", "--kernel", "kernels/rownorm", "--arch", "sm_90",
+                           "--all")
+    lines = (out + err).strip().splitlines()
+    assert code == 2 and len(lines) == 1, out + err
+    assert "--all would compile" in lines[0] and "more than 5000" in lines[0]

@@ -1,4 +1,5 @@
 import argparse
+import math
 import time
 
 from perfloop.core import dispatch, knobspace, naming, progress, traffic, variants
@@ -9,11 +10,14 @@ from perfloop.core.playbook import load, resolve_dir, thaw
 from perfloop.store import gitops
 
 HELP = "compile every variant the playbook can produce, ahead of time, without a GPU"
+ALL_CAP = 5000   # --all past this many combinations is refused: at a few seconds a compile,
+                 # a kernel with a dozen knobs (about 10**6 of them) would compile for weeks
 DESCRIPTION = """\
 Compiles the kernel for each target architecture with cuTile's ahead-of-time path (tileiras;
 no GPU needed) for a set of knob combinations in which every value of every knob, and every
-pair of values of any two knobs, occurs at least once (--all: every combination), plus the
-committed knobs of each bucket of knobs.json's "dispatch" table. Combinations that kernel.py's
+pair of values of any two knobs, occurs at least once (--all: every combination, refused past
+5000), plus the committed knobs of each bucket of knobs.json's "dispatch" table and each
+finalist kernel.toml's [workload] declares. Combinations that kernel.py's
 restrict(knobs) rules out are left out (and said). Each combination is compiled for the dtypes
 of all benchmark shapes. --sample N compiles a seeded subset of that set instead (every
 value of every knob at least once, plus N more of its combinations) and says how many of
@@ -56,10 +60,11 @@ def execute(args):
     committed = spec.read_knobs()
     combos, ruled_out, coverage = _combinations(args, folder, spec, playbook, committed)
     # each bucket of the committed dispatch table launches its own variant: compile it too
-    combos += [dispatch.knobs_for(committed, b) for b in dispatch.table(committed)]
+    buckets = [dispatch.knobs_for(committed, b) for b in dispatch.table(committed)]
     # and so does each finalist [workload] declares, where a launch tunes among them
     declared = dispatch.declared_finalists(getattr(spec.workload, "finalists", ()))
-    combos += [dispatch.config(committed, name, declared) for name in declared]
+    finalists = [dispatch.config(committed, name, declared) for name in declared]
+    combos += buckets + finalists
     failures, t0 = [], time.monotonic()
     with progress.task("compile", total=len(archs) * len(combos)) as bar:
         for arch in archs:
@@ -80,6 +85,7 @@ def execute(args):
            "compiled": len(combos) * len(archs) - len(failures),
            "failures": failures, "seconds": round(time.monotonic() - t0, 1),
            "coverage": coverage["what"], "sample": coverage.get("sample"),
+           "dispatch_buckets": len(buckets), "finalists": len(finalists),
            "ruled_out": ruled_out}   # combinations (--all) or value pairs restrict() rules out
     if failures:
         out.update(exit_code=1, failure=f"{len(failures)} of {len(combos) * len(archs)} "
@@ -93,6 +99,10 @@ def _combinations(args, folder, spec, playbook, committed) -> tuple[list, int, d
     plain = {k: v for k, v in committed.items() if k != dispatch.KEY}
     doms = variants.domains(playbook, plain, spec.candidates)
     space = knobspace.space_for(folder)
+    if args.all and (count := math.prod(len(d) for d in doms.values())) > ALL_CAP:
+        raise UserError(f"--all would compile {count} combinations of {len(doms)} knobs for each "
+                        f"target, more than {ALL_CAP}: check without --all compiles a set "
+                        "that holds every pair of values, --sample N a quicker one")
     combos, ruled_out = (variants.exhaustive if args.all else variants.pairwise)(
         doms, lambda knobs: space.why_not(knobs) is None)
     if args.all:
@@ -124,6 +134,11 @@ def render(r):
              f"targets ({', '.join(r['archs'])}), dtypes {', '.join(r['dtypes'])}: "
              f"{r['compiled']} compiled, {len(r['failures'])} failed "
              f"in {r['seconds']} s"]
+    extra = [f"{n} {what}" for n, what in ((r.get("dispatch_buckets"), "of the dispatch table's "
+                                            "buckets"), (r.get("finalists"), "declared finalists"))
+             if n]
+    if extra:
+        lines.append("the variants include " + " and ".join(extra))
     if r.get("sample"):
         c = r["sample"]
         lines.append(f"coverage: {c['variants']} of the {c['of_variants']} variants of the "
