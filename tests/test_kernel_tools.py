@@ -108,3 +108,48 @@ def test_swiglus_grid_covers_every_tile_once_within_the_y_limit(rows, cols, tile
     covered = sorted(yi + zi * y for zi in range(z) for yi in range(y))
     assert [i for i in covered if i < row_tiles] == list(range(row_tiles))
     assert len(covered) - row_tiles < z
+
+
+def test_streaming_reads_sets_nothing_for_a_tensor_off_the_gpu(monkeypatch):
+    def no_driver():
+        raise AssertionError("the driver was reached for a CPU tensor")
+
+    monkeypatch.setattr(kt, "_libcuda", no_driver)
+    with kt.streaming_reads(torch.ones(4)):
+        pass
+
+
+def _window(stream):
+    import ctypes
+
+    got = kt._StreamAttr()
+    assert kt._libcuda().cuStreamGetAttribute(ctypes.c_void_p(stream.cuda_stream),
+                                              kt._ACCESS_POLICY_WINDOW, ctypes.byref(got)) == 0
+    w = got.window
+    return w.base_ptr or 0, w.num_bytes, w.hit_prop
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+def test_streaming_reads_marks_the_tensor_on_the_stream_and_puts_back_the_window_before():
+    stream = torch.cuda.Stream()
+    x = torch.randn(4096, 1024, device="cuda")
+    y = torch.randn(64, device="cuda")
+    expected = x.square().sum(dim=1)
+    with torch.cuda.stream(stream):
+        before = _window(stream)
+        with kt.streaming_reads(x):
+            assert _window(stream) == (x.data_ptr(), x.numel() * 4, kt._STREAMING)
+            got = x.square().sum(dim=1)
+            with kt.streaming_reads(y):          # nested: the outer window comes back after
+                assert _window(stream)[0] == y.data_ptr()
+            assert _window(stream)[0] == x.data_ptr()
+        assert _window(stream) == before
+        with pytest.raises(ValueError), kt.streaming_reads(x):
+            raise ValueError("a launch that failed")
+        assert _window(stream) == before          # put back on the way out of an error too
+    stream.synchronize()
+    assert torch.equal(got, expected)
+    big = torch.empty(kt._max_window(0) // 2 + 1, dtype=torch.float32, device="cuda")
+    with torch.cuda.stream(stream), kt.streaming_reads(big):   # past the largest window
+        assert _window(stream)[1] == kt._max_window(0)
