@@ -5,6 +5,7 @@ perfloop.core.dispatch, perfloop.core.tuneonce). All pure or in-process: no GPU,
 from __future__ import annotations
 
 import time
+import types
 from pathlib import Path
 import tomllib
 import warnings
@@ -210,6 +211,60 @@ def test_declared_finalists_are_timed_beside_the_measured_buckets_knobs(tmp_path
     ran.clear()
     launch([torch.empty(16384, 4096, dtype=torch.bfloat16)], out)
     assert ran == [1]
+
+
+def test_declared_finalists_are_tuned_among_before_any_dispatch_table(tmp_path, monkeypatch):
+    # a run that kept nothing writes no table; the finalists a kernel declares still serve
+    # the buckets no benchmark shape measured (H100, a README-written row norm: fp32 3 x 4096
+    # 13.74 us on the plain knobs, 4.93 on its 4096-element finalist)
+    monkeypatch.setenv("PERFLOOP_AUTOTUNE_CACHE", str(tmp_path / "cache"))
+    build_one, ran = _kernel(tmp_path, "tune", {1: 0.004, 4: 0.0})
+    toml = tmp_path / "kernel.toml"
+    toml.write_text(toml.read_text().replace(
+        'unseen = "tune"', 'unseen = "tune"\nfinalists = [{ tile = 4 }]'))
+    out = torch.empty(1)
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        launch = dispatch.build({"tile": 1}, build_one, folder=tmp_path)
+        launch([torch.empty(64, 2048, dtype=torch.float32)], out)
+        assert float(out) == 4.0 and launch.routes["float32/rows<=64/hidden<=2048"] == (
+            'finalist {"tile": 4}', "tuned once among 2 finalists")
+        ran.clear()
+        launch([torch.empty(16384, 4096, dtype=torch.bfloat16)], out)   # measured: plain
+        assert ran == [1]
+        # an explicitly empty table is a config run as itself: no routing, no tuning
+        itself = dispatch.build(dispatch.as_itself({"tile": 1}), build_one, folder=tmp_path)
+        ran.clear()
+        itself([torch.empty(64, 2048, dtype=torch.float32)], out)
+        assert ran == [1] and not hasattr(itself, "routes")
+    # without declared finalists there is nothing to tune among: the plain launch, unrouted
+    toml.write_text(toml.read_text().replace("finalists = [{ tile = 4 }]\n", ""))
+    assert not hasattr(dispatch.build({"tile": 1}, build_one, folder=tmp_path), "routes")
+
+
+def test_a_kernels_own_build_given_a_finalist_does_not_tune_again(tmp_path, monkeypatch):
+    # the timer launches a hook-less kernel through dispatch.launcher, whose finalists are
+    # built by the kernel's own build, itself routing: each must run as itself
+    monkeypatch.setenv("PERFLOOP_AUTOTUNE_CACHE", str(tmp_path / "cache"))
+    build_one, ran = _kernel(tmp_path, "tune", {1: 0.004, 4: 0.0})
+    toml = tmp_path / "kernel.toml"
+    toml.write_text(toml.read_text().replace(
+        'unseen = "tune"', 'unseen = "tune"\nfinalists = [{ tile = 4 }]'))
+    module = types.ModuleType("k")
+    module.__file__ = str(tmp_path / "kernel.py")
+    built = []
+
+    def build(knobs):
+        built.append(dict(knobs))
+        return dispatch.build(knobs, build_one, folder=tmp_path)
+    module.build = build
+    out = torch.empty(1)
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        launch = dispatch.launcher(module, {"tile": 1}, folder=tmp_path)
+        launch([torch.empty(64, 2048, dtype=torch.float32)], out)
+    assert float(out) == 4.0
+    assert all(k.get("dispatch") == {} for k in built) and len(built) == 2
 
 
 def test_a_finalist_that_fails_is_no_winner(tmp_path):
@@ -641,13 +696,17 @@ def test_each_declared_finalist_is_judged_as_a_variant_of_its_own():
     name = next(iter(finalists))
     table = {"dispatch": {"bf16/rows<=16384": {"tile": (4, 0)}}}
     cands = [{"label": "c1", "folder": "f", "knobs": {"tile": (1, 0), "occupancy": None, **table}},
-             {"label": "c2", "folder": "f", "knobs": {"tile": (1, 0), "occupancy": None}}]
+             {"label": "c3", "folder": "f", "knobs": {"tile": (1, 0), "dispatch": {}}}]
     extra = finalist_variants(cands, finalists)
-    # no dispatch table, no tuning: c2's launches never run a finalist
+    # an explicitly empty table is a config run as itself: c3's launches never run a finalist
     assert list(extra) == ["c1"] and len(extra["c1"]) == 1
     v = extra["c1"][0]
     assert v["label"] == "c1-finalist1" and v["finalist"] == name
-    assert v["knobs"] == {"tile": (2, 0), "occupancy": 2}     # plain + patch, no table: runs it
+    # plain + patch, with an empty table: its launch runs it, never tunes again
+    assert v["knobs"] == {"tile": (2, 0), "occupancy": 2, "dispatch": {}}
+    # no table at all: launches in unmeasured buckets tune from the start, so it is judged too
+    plain = [{"label": "c2", "folder": "f", "knobs": {"tile": (1, 0), "occupancy": None}}]
+    assert [x["knobs"] for x in finalist_variants(plain, finalists)["c2"]] == [v["knobs"]]
     # the incumbent ran the same config with the same code: judged then, not again
     assert finalist_variants(cands, finalists, cands[0]["knobs"]) == {}
     assert finalist_variants(cands, finalists, {**cands[0]["knobs"], "occupancy": 8}) == {}

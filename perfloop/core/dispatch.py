@@ -21,10 +21,12 @@ from typing import Callable
 from perfloop.core import tuneonce, workload
 from perfloop.core.dispatch_table import (  # noqa: F401  (kernels and judges read them here)
     KEY,
+    as_itself,
     changed_buckets,
     config,
     declared_name,
     knobs_for,
+    may_route,
     merged,
     patch_everywhere,
     set_everywhere,
@@ -35,10 +37,13 @@ from perfloop.core.values import thaw
 
 
 def build(knobs: dict, build_one: Callable[[dict], Callable],
-          bucket: Callable | None = None, *, folder: Path | None = None) -> Callable:
+          bucket: Callable | None = None, *, folder: Path | None = None,
+          routes_itself: bool = False) -> Callable:
     """launch(inputs, out) that runs build_one(knobs_for(knobs, bucket(inputs))). Without a
-    dispatch table it is build_one's own launch, so dispatch costs nothing until it is used
-    (and a finalist's launch, built from table-free knobs, never routes again).
+    dispatch table it is build_one's own launch, so dispatch costs nothing until it is used,
+    unless the workload's launches tune (unseen = "tune" with declared finalists): then a
+    bucket no benchmark shape measured tunes among them from the start. A finalist's launch,
+    built from knobs with an empty table (config), never routes again.
 
     `bucket`: the kernel's own key; the table lists the measured buckets (an empty entry where
     the plain knobs hold), and a bucket not in it runs as the nearest one that is (by element
@@ -46,12 +51,15 @@ def build(knobs: dict, build_one: Callable[[dict], Callable],
     None: the workload's buckets, read from the kernel.toml beside build_one (or in
     `folder`), where a bucket without an entry runs as the nearest measured one (or is tuned
     once, where the workload says unseen = "tune"). Either launch's `routes` says where each
-    unmeasured bucket went."""
+    unmeasured bucket went. `routes_itself`: build_one is a kernel's own build, which routes
+    again unless its knobs say not to (as_itself)."""
     overrides = table(knobs)
     if not overrides:
-        return build_one(knobs_for(knobs, ""))
+        if bucket is not None or not may_route(knobs) or not _tunes(build_one, folder):
+            return build_one(knobs_for(knobs, ""))
     if bucket is None:
-        return _routed(knobs, build_one, Path(folder) if folder else _folder_of(build_one))
+        return _routed(knobs, build_one, Path(folder) if folder else _folder_of(build_one),
+                       routes_itself)
     launches = {b: build_one(knobs_for(knobs, b)) for b in overrides}
     routes = Routes()
 
@@ -75,7 +83,8 @@ def launcher(module, knobs: dict, folder: Path | None = None) -> Callable:
     table still runs each bucket's knobs."""
     if hasattr(module, "bucket"):
         return module.build(knobs)
-    return build(knobs, module.build, folder=folder or Path(module.__file__).parent)
+    return build(knobs, module.build, folder=folder or Path(module.__file__).parent,
+                 routes_itself=True)
 
 
 def workload_bucket(file) -> Callable:
@@ -94,6 +103,15 @@ def workload_bucket(file) -> Callable:
     return bucket
 
 
+def _tunes(build_one: Callable, folder: Path | None) -> bool:
+    """Whether launches in unmeasured buckets tune among declared finalists before any table:
+    the workload says unseen = "tune" and declares some (else, with no table, every bucket
+    runs the plain knobs and routing would only cost host time)."""
+    wl = workload.load(Path(folder) if folder else _folder_of(build_one))
+    return (wl is not None and wl.unseen == "tune" and bool(wl.finalists)
+            and not getattr(inspect.getmodule(build_one), "INPLACE", ()))
+
+
 def _folder_of(build_one: Callable) -> Path:
     fn = inspect.unwrap(getattr(build_one, "func", build_one))
     return Path(inspect.getfile(fn)).resolve().parent
@@ -104,7 +122,7 @@ class Routes(dict):
     launches come (a kernel's public function may report them)."""
 
 
-def _routed(knobs: dict, build_one: Callable, folder: Path) -> Callable:
+def _routed(knobs: dict, build_one: Callable, folder: Path, routes_itself: bool) -> Callable:
     wl = workload.load(folder)
     if wl is None:
         raise ValueError(f"perfloop.dispatch: knobs.json has a dispatch table but {folder} has "
@@ -118,7 +136,8 @@ def _routed(knobs: dict, build_one: Callable, folder: Path) -> Callable:
 
     def runs(target: str) -> Callable:
         if target not in launches:
-            launches[target] = build_one(config(knobs, target, declared))
+            chosen = config(knobs, target, declared)
+            launches[target] = build_one(as_itself(chosen) if routes_itself else chosen)
         return launches[target]
 
     def route(b: str, inputs, out, extra) -> str:

@@ -18,6 +18,14 @@ def table(knobs: dict) -> dict:
     return knobs.get(KEY) or {}
 
 
+def may_route(knobs: dict) -> bool:
+    """Whether a launch of these knobs may run other knobs in some bucket: with a table, or
+    with no table key at all (where the workload says unseen = "tune" and declares
+    finalists, a bucket no benchmark shape measured tunes among them). An explicitly empty
+    table is a config run as itself everywhere: a finalist's (config)."""
+    return bool(table(knobs)) or KEY not in knobs
+
+
 def knobs_for(knobs: dict, bucket: str) -> dict:
     """The plain knobs that hold for `bucket` (without the dispatch table itself)."""
     plain = {k: v for k, v in knobs.items() if k != KEY}
@@ -93,7 +101,13 @@ def declared(patches) -> dict:
 
 def config(knobs: dict, target: str, finalists: dict) -> dict:
     """The knobs a finalist runs: a measured bucket's, or a declared patch over the plain
-    knobs (no dispatch table: its launch never routes again)."""
+    knobs (without the table; as_itself for a build that would route them)."""
     if target in finalists:
         return {**knobs_for(knobs, ""), **dict(finalists[target])}
     return knobs_for(knobs, target)
+
+
+def as_itself(knobs: dict) -> dict:
+    """The knobs with an explicitly empty table: a kernel's build that routes (through
+    perfloop.core.dispatch) runs them as they are in every bucket, never tuning again."""
+    return {**knobs, KEY: {}}

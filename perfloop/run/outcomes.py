@@ -56,19 +56,19 @@ def apply_timing(outcome: dict, timing: phases.Timing, kind: Kind) -> None:
 
 def finalist_variants(candidates: list[dict], finalists: dict,
                       judged_before: dict | None = None) -> dict[str, list[dict]]:
-    """The judge's extra variants: per candidate with a dispatch table (whose launches tune in
-    unmeasured buckets, perfloop.core.dispatch), each finalist kernel.toml declares as a
+    """The judge's extra variants: per candidate whose launches tune in unmeasured buckets
+    (all but a finalist's own, perfloop.core.dispatch), each finalist kernel.toml declares as a
     variant of its own ({name: patch}, perfloop.core.dispatch_table.declared). A launch may
     run it wherever it is fastest, and the judge's cases only check each case's winner.
     Left out where it runs the knobs it ran under `judged_before` (the incumbent's, judged
     with the same kernel code when it was a candidate)."""
     def knobs(c, name):
-        return dispatch_table.config(c["knobs"], name, finalists)
+        return dispatch_table.as_itself(dispatch_table.config(c["knobs"], name, finalists))
 
-    before = judged_before if judged_before and dispatch_table.table(judged_before) else None
+    before = judged_before if judged_before and dispatch_table.may_route(judged_before) else None
     out = {}
     for c in candidates:
-        if not finalists or not dispatch_table.table(c["knobs"]):
+        if not finalists or not dispatch_table.may_route(c["knobs"]):
             continue
         out[c["label"]] = [
             {**c, "label": f"{c['label']}-finalist{i}", "knobs": knobs(c, name),
