@@ -213,15 +213,21 @@ def test_declared_finalists_are_timed_beside_the_measured_buckets_knobs(tmp_path
     assert ran == [1]
 
 
-def test_declared_finalists_are_tuned_among_before_any_dispatch_table(tmp_path, monkeypatch):
-    # a run that kept nothing writes no table; the finalists a kernel declares still serve
-    # the buckets no benchmark shape measured (H100, a README-written row norm: fp32 3 x 4096
-    # 13.74 us on the plain knobs, 4.93 on its 4096-element finalist)
+def _tuning_kernel(tmp_path, monkeypatch):
+    """_kernel with unseen = "tune" and one declared finalist, tile 4, the fastest."""
     monkeypatch.setenv("PERFLOOP_AUTOTUNE_CACHE", str(tmp_path / "cache"))
     build_one, ran = _kernel(tmp_path, "tune", {1: 0.004, 4: 0.0})
     toml = tmp_path / "kernel.toml"
     toml.write_text(toml.read_text().replace(
         'unseen = "tune"', 'unseen = "tune"\nfinalists = [{ tile = 4 }]'))
+    return build_one, ran, toml
+
+
+def test_declared_finalists_are_tuned_among_before_any_dispatch_table(tmp_path, monkeypatch):
+    # a run that kept nothing writes no table; the finalists a kernel declares still serve
+    # the buckets no benchmark shape measured (H100, a README-written row norm: fp32 3 x 4096
+    # 13.74 us on the plain knobs, 4.93 on its 4096-element finalist)
+    build_one, ran, toml = _tuning_kernel(tmp_path, monkeypatch)
     out = torch.empty(1)
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
@@ -245,11 +251,7 @@ def test_declared_finalists_are_tuned_among_before_any_dispatch_table(tmp_path, 
 def test_a_kernels_own_build_given_a_finalist_does_not_tune_again(tmp_path, monkeypatch):
     # the timer launches a hook-less kernel through dispatch.launcher, whose finalists are
     # built by the kernel's own build, itself routing: each must run as itself
-    monkeypatch.setenv("PERFLOOP_AUTOTUNE_CACHE", str(tmp_path / "cache"))
-    build_one, ran = _kernel(tmp_path, "tune", {1: 0.004, 4: 0.0})
-    toml = tmp_path / "kernel.toml"
-    toml.write_text(toml.read_text().replace(
-        'unseen = "tune"', 'unseen = "tune"\nfinalists = [{ tile = 4 }]'))
+    build_one, _, _ = _tuning_kernel(tmp_path, monkeypatch)
     module = types.ModuleType("k")
     module.__file__ = str(tmp_path / "kernel.py")
     built = []
