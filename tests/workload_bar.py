@@ -121,16 +121,12 @@ def main(seed: int, count: int, names: list[str]) -> None:
     print(torch.cuda.get_device_name(), flush=True)
     summary = {}
     for name in names:
-        if "/" in name:   # a folder of one's own: its launch as the loop measured it
-            folder = Path(name).resolve()
-            spec = load_spec(folder, folder.parent.parent)
-            name = spec.name
-            module = import_module(spec.folder, f"bar_{name}")
-            public = _routed(module, spec)
-        else:
-            spec = load_spec(ROOT / "kernels" / name, ROOT)
-            module = import_module(spec.folder, f"bar_{name}")
-            public = getattr(module, name)
+        own = "/" in name   # a folder of one's own: its launch as the loop measured it
+        folder = Path(name).resolve() if own else ROOT / "kernels" / name
+        spec = load_spec(folder, folder.parent.parent)
+        name = spec.name
+        module = import_module(spec.folder, f"bar_{name}")
+        public = _routed(module, spec) if own else getattr(module, name)
         ratios = {clear: [] for clear in CLEARS}
         for shape in [*drawn(spec, count, seed)[1], *spec.shapes]:
             inputs = module.make_inputs(shape, 0, "cuda")

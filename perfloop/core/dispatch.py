@@ -43,7 +43,7 @@ def build(knobs: dict, build_one: Callable[[dict], Callable],
     dispatch table it is build_one's own launch, so dispatch costs nothing until it is used,
     unless the workload's launches tune (unseen = "tune" with declared finalists): then a
     bucket no benchmark shape measured tunes among them from the start. A finalist's launch,
-    built from knobs with an empty table (config), never routes again.
+    built from knobs with an empty table (as_itself), never routes again.
 
     `bucket`: the kernel's own key; the table lists the measured buckets (an empty entry where
     the plain knobs hold), and a bucket not in it runs as the nearest one that is (by element
@@ -54,12 +54,14 @@ def build(knobs: dict, build_one: Callable[[dict], Callable],
     unmeasured bucket went. `routes_itself`: build_one is a kernel's own build, which routes
     again unless its knobs say not to (as_itself)."""
     overrides = table(knobs)
+    if bucket is None and may_route(knobs):
+        where = Path(folder) if folder else _folder_of(build_one)
+        wl = workload.load(where)
+        # without a table, routing pays only where unmeasured buckets tune among finalists
+        if overrides or (_tunes(wl, build_one) and wl.finalists):
+            return _routed(knobs, build_one, where, wl, routes_itself)
     if not overrides:
-        if bucket is not None or not may_route(knobs) or not _tunes(build_one, folder):
-            return build_one(knobs_for(knobs, ""))
-    if bucket is None:
-        return _routed(knobs, build_one, Path(folder) if folder else _folder_of(build_one),
-                       routes_itself)
+        return build_one(knobs_for(knobs, ""))
     launches = {b: build_one(knobs_for(knobs, b)) for b in overrides}
     routes = Routes()
 
@@ -103,12 +105,10 @@ def workload_bucket(file) -> Callable:
     return bucket
 
 
-def _tunes(build_one: Callable, folder: Path | None) -> bool:
-    """Whether launches in unmeasured buckets tune among declared finalists before any table:
-    the workload says unseen = "tune" and declares some (else, with no table, every bucket
-    runs the plain knobs and routing would only cost host time)."""
-    wl = workload.load(Path(folder) if folder else _folder_of(build_one))
-    return (wl is not None and wl.unseen == "tune" and bool(wl.finalists)
+def _tunes(wl, build_one: Callable) -> bool:
+    """Whether launches in unmeasured buckets tune once (never for a kernel that writes its
+    inputs: timing finalists on them would change them)."""
+    return (wl is not None and wl.unseen == "tune"
             and not getattr(inspect.getmodule(build_one), "INPLACE", ()))
 
 
@@ -122,8 +122,8 @@ class Routes(dict):
     launches come (a kernel's public function may report them)."""
 
 
-def _routed(knobs: dict, build_one: Callable, folder: Path, routes_itself: bool) -> Callable:
-    wl = workload.load(folder)
+def _routed(knobs: dict, build_one: Callable, folder: Path, wl, routes_itself: bool
+            ) -> Callable:
     if wl is None:
         raise ValueError(f"perfloop.dispatch: knobs.json has a dispatch table but {folder} has "
                          "no kernel.toml to read the buckets from; pass bucket= or folder=")
@@ -131,7 +131,7 @@ def _routed(knobs: dict, build_one: Callable, folder: Path, routes_itself: bool)
     places = wl.measured() + [b for b in overrides if b not in wl.measured()]
     launches: dict[str, Callable] = {}
     routes = Routes()
-    tune = wl.unseen == "tune" and not getattr(inspect.getmodule(build_one), "INPLACE", ())
+    tune = _tunes(wl, build_one)
     declared = declared_finalists(wl.finalists) if tune else {}
 
     def runs(target: str) -> Callable:
