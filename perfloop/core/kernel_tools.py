@@ -9,7 +9,6 @@ nothing from perfloop, and torch and cuda.tile only when a function needs them.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import functools
 import io
@@ -144,39 +143,53 @@ def _checked(code: int, call: str) -> None:
         raise RuntimeError(f"{call} failed with CUresult {code}")
 
 
-@contextlib.contextmanager
-def streaming_reads(tensor, stream=None):
-    """While the block runs, launches on `stream` (default: torch's current one) read
-    `tensor`'s first bytes (up to the device's largest access policy window, 128 MB on an
-    H100) as streaming: in L2 their lines are evicted first, before the lines other data
-    holds. Triton's evict_first, which torch.compile gives a reduction's read-once loads;
-    cuTile's loads take no such hint. It matters after a kernel that wrote much: the L2 is
-    then full of dirty lines, and each one a load evicts is written back inside the launch
-    (H100, a row norm of bf16 8192 x 4096 after do_bench's writing L2 clear: 33.65 us, 28.51
-    inside this block, torch.compile 27.84; after a reading clear 25.54 and 25.47). The
-    stream's window before is put back after. A tensor not on a GPU: nothing is set."""
-    if not getattr(tensor, "is_cuda", False) or tensor.numel() == 0:
-        yield
-        return
-    import torch
+class streaming_reads:
+    """`with streaming_reads(x):` launches on `stream` (default: torch's current one on x's
+    device) inside the block read `x`'s first bytes (up to the device's largest access policy
+    window, 128 MB on an H100) as streaming: in L2 their lines are evicted first, before the
+    lines other data holds. Triton's evict_first, which torch.compile gives a reduction's
+    read-once loads; cuTile's loads take no such hint. It matters after a kernel that wrote
+    much: the L2 is then full of dirty lines, and each one a load evicts is written back
+    inside the launch (H100, a row norm of bf16 8192 x 4096 after do_bench's writing L2
+    clear: 33.70 us, 29.18 inside this block, torch.compile 27.97). It costs host time on
+    every launch (three driver calls), which counts wherever launches come back to back
+    (docs/writing-a-kernel.md, "Inputs read once, and the L2"). The stream's window before is
+    put back after. A tensor not on a GPU: nothing is set. A class, not a generator: the
+    host time is the point."""
 
-    lib = _libcuda()
-    handle = ctypes.c_void_p((stream or torch.cuda.current_stream(tensor.device)).cuda_stream)
-    before = _StreamAttr()
-    _checked(lib.cuStreamGetAttribute(handle, _ACCESS_POLICY_WINDOW, ctypes.byref(before)),
-             "cuStreamGetAttribute")
-    window = _StreamAttr()
-    window.window = _Window(tensor.data_ptr(),
-                            min(tensor.numel() * tensor.element_size(),
-                                _max_window(tensor.device.index or 0)),
-                            1.0, _STREAMING, _NORMAL)
-    _checked(lib.cuStreamSetAttribute(handle, _ACCESS_POLICY_WINDOW, ctypes.byref(window)),
-             "cuStreamSetAttribute")
-    try:
-        yield
-    finally:
-        _checked(lib.cuStreamSetAttribute(handle, _ACCESS_POLICY_WINDOW, ctypes.byref(before)),
-                 "cuStreamSetAttribute")
+    __slots__ = ("_handle", "_window", "_before")
+
+    def __init__(self, tensor, stream=None):
+        self._handle = None
+        if not getattr(tensor, "is_cuda", False) or tensor.numel() == 0:
+            return
+        import torch
+
+        index = tensor.get_device()
+        raw = (stream.cuda_stream if stream is not None
+               else torch._C._cuda_getCurrentRawStream(index))
+        self._handle = ctypes.c_void_p(raw)
+        self._window = _StreamAttr()
+        self._window.window = _Window(tensor.data_ptr(),
+                                      min(tensor.numel() * tensor.element_size(),
+                                          _max_window(index)),
+                                      1.0, _STREAMING, _NORMAL)
+        self._before = _StreamAttr()
+
+    def __enter__(self):
+        if self._handle is not None:
+            lib = _libcuda()
+            _checked(lib.cuStreamGetAttribute(self._handle, _ACCESS_POLICY_WINDOW,
+                                              self._before), "cuStreamGetAttribute")
+            _checked(lib.cuStreamSetAttribute(self._handle, _ACCESS_POLICY_WINDOW,
+                                              self._window), "cuStreamSetAttribute")
+        return self
+
+    def __exit__(self, *exc):
+        if self._handle is not None:
+            _checked(_libcuda().cuStreamSetAttribute(self._handle, _ACCESS_POLICY_WINDOW,
+                                                     self._before), "cuStreamSetAttribute")
+        return False
 
 
 class Draws:
