@@ -25,10 +25,12 @@ pytestmark = pytest.mark.gpu
 
 FOLDER = Path(__file__).resolve().parent.parent / "kernels" / "matmul"
 # (dtype, (M, N, K)): tails in every dimension, one element, K shorter than any K step, exact
-# tiles, a K tail of one, a skinny M
+# tiles, a K tail of one, a skinny M, and rows past whole waves of tiles on 132 SMs (a
+# tail_tile's second launch: 512 rows of 128x128 tiles, 88 of 64x128; tails in N and K)
 CASES = [("bfloat16", (257, 300, 1000)), ("float16", (64, 64, 64)), ("bfloat16", (1, 1, 1)),
          ("float16", (130, 513, 4097)), ("bfloat16", (512, 512, 512)),
-         ("bfloat16", (1000, 700, 8)), ("float16", (3, 4100, 260))]
+         ("bfloat16", (1000, 700, 8)), ("float16", (3, 4100, 260)),
+         ("float16", (600, 4100, 72))]
 SEEDS = (0, 1)
 COMBOS = {
     "persistent-grouped": {"tile": [128, 128, 64], "group": 8, "persistent": True,
@@ -37,6 +39,9 @@ COMBOS = {
                        "load_allow_tma": False, "store_allow_tma": False},
     # the few-rows finalist everywhere (no dispatch table), at every M of the cases
     "few-rows": {"tile": [16, 64, 128], "group": 4, "dispatch": {}},
+    # whole waves of persistent 128x128 tiles, the rows past them in 64x128 ones, everywhere
+    "wave-tail": {"tile": [128, 128, 64], "group": 8, "persistent": True,
+                  "tail_tile": [64, 128, 64], "dispatch": {}},
 }
 VARIANTS = requested_variants() or default_variants(FOLDER, COMBOS)
 
