@@ -54,6 +54,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="session")
+def matmul():
+    """The shipped matmul kernel.py, imported on the CPU (needs cuda.tile, not a GPU): its
+    tolerance, inputs and launch plan are plain Python."""
+    pytest.importorskip("cuda.tile")
+    from perfloop.core.kernel import import_module
+
+    return import_module(ROOT / "kernels" / "matmul", "matmul_cpu")
+
+
 def pythonpath() -> str:
     """perfloop's checkout first, then whatever PYTHONPATH already holds (on the GPU machine,
     where cuTile itself comes from)."""

@@ -2,20 +2,11 @@
 those rows in its tiles and the rest in the tail's, each row once."""
 
 import random
-from pathlib import Path
 
 import pytest
 
-from perfloop.core.kernel import import_module
-
 torch = pytest.importorskip("torch")
-
-
-@pytest.fixture(scope="module")
-def matmul():
-    pytest.importorskip("cuda.tile")
-    return import_module(Path(__file__).resolve().parent.parent / "kernels" / "matmul",
-                         "matmul_waves")
+# `matmul`: the shipped kernel.py on the CPU (conftest.py)
 
 
 def test_rows_in_whole_waves_at_the_shapes_measured(matmul):

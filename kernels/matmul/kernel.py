@@ -125,7 +125,7 @@ def _build_one(knobs: dict):
         return whole
     tail = _one_launch(_tail_knobs(knobs))
     tm, tn, _ = knobs["tile"]
-    per_sm = knobs["occupancy"] or 1
+    per_sm = knobs["occupancy"] or PERSISTENT_OCCUPANCY
 
     def launch(inputs, out):
         a, b = inputs
