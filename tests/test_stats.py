@@ -77,3 +77,57 @@ def test_bench_shows_the_paired_ratio_that_its_interval_belongs_to():
     pooled = summary["s"]["variants"]["torch-compile"]["median_ms"] / \
         summary["s"]["variants"]["incumbent"]["median_ms"]
     assert abs(pooled - 1.02) > 0.05   # what the column showed before
+
+
+# ---- adversarial inputs: a busy machine's zeros, lost batches, one or identical samples ----
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+import math  # noqa: E402
+
+TIMES = st.one_of(st.just(0.0), st.just(math.nan), st.just(-0.001),
+                  st.floats(min_value=1e-6, max_value=1e3))
+ROUNDS = st.integers(min_value=1, max_value=12)
+
+
+@given(st.lists(TIMES, min_size=1, max_size=40))
+def test_a_summary_of_any_samples_is_ordered_or_all_nan(values):
+    s = stats.summarize(values)
+    assert s.n == len(values)
+    if any(math.isnan(v) for v in values):
+        assert math.isnan(s.median) and math.isnan(s.ci_low) and math.isnan(s.ci_high)
+    else:
+        assert s.ci_low <= s.median <= s.ci_high
+
+
+@given(ROUNDS.flatmap(lambda n: st.tuples(st.lists(TIMES, min_size=n, max_size=n),
+                                          st.lists(TIMES, min_size=n, max_size=n))))
+def test_a_comparison_never_divides_by_zero_nor_reads_a_gain_from_no_time(pair):
+    incumbent, candidate = pair
+    c = stats.compare(incumbent, candidate)
+    # a round with no time on either side (0, negative, lost) has no ratio: NaN, never a
+    # gain of 100% and never a ZeroDivisionError
+    if any(not (i > 0 and x > 0) for i, x in zip(incumbent, candidate)):
+        assert math.isnan(c.ratio)
+    else:
+        assert c.ratio > 0 and c.ci_low <= c.ratio <= c.ci_high
+    assert not c.gain > 1 - 1e-12 if not math.isnan(c.ratio) else math.isnan(c.gain)
+
+
+@given(st.floats(min_value=1e-6, max_value=1e3), ROUNDS)
+def test_identical_rounds_compare_as_one(t, n):
+    c = stats.compare([t] * n, [t] * n)
+    assert c.ratio == c.ci_low == c.ci_high == 1.0
+    assert stats.noise_of(c) == 0.0
+
+
+def test_one_round_has_the_whole_range_as_its_interval():
+    c = stats.compare([2.0], [1.0])
+    assert c.ratio == c.ci_low == c.ci_high == 0.5
+
+
+def test_no_rounds_at_all_is_an_error_not_a_ratio():
+    with pytest.raises(ValueError):
+        stats.compare([], [])
+    with pytest.raises(ValueError):
+        stats.summarize([])

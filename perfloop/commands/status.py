@@ -29,6 +29,10 @@ def render(st):
                      f"{inc['latency_ms']:.6f} ms"
                      + (f", {st['speedup_vs_baseline']:.3f}x the baseline"
                         if st["speedup_vs_baseline"] else ""))
+    if st.get("impossible"):
+        lines.append(f"impossible: iteration {', '.join(map(str, st['impossible']))} recorded "
+                     "a time of 0 ms, which no clock gives (perfloop now refuses such a time); "
+                     "the speedup leaves it out")
     if st["in_flight"]:
         lines.append(f"interrupted: iteration {st['in_flight']['iteration']} "
                      f"({st['in_flight']['optimization']}); `perfloop run --resume` finishes it")

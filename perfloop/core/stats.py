@@ -39,6 +39,12 @@ class Summary:
 
 
 def summarize(values: list[float], confidence: float = 0.95) -> Summary:
+    """The median and its interval; NaN throughout where any value is NaN (a lost sample
+    proves nothing, and sorting with one in the list orders nothing)."""
+    if any(math.isnan(v) for v in values):
+        if not values:
+            raise ValueError("no samples")
+        return Summary(math.nan, math.nan, math.nan, len(values))
     data = sorted(values)
     lo, hi = median_ci_ranks(len(data), confidence)
     return Summary(statistics.median(data), data[lo], data[hi], len(data))
@@ -66,7 +72,8 @@ def compare(incumbent_rounds: list[float], candidate_rounds: list[float],
     """
     if len(incumbent_rounds) != len(candidate_rounds) or not incumbent_rounds:
         raise ValueError("need the same, non-zero number of rounds for both variants")
-    ratios = summarize([c / i for c, i in zip(candidate_rounds, incumbent_rounds)], confidence)
+    ratios = summarize([c / i if i > 0 and c > 0 else math.nan  # (no time is 0 or less)
+                        for c, i in zip(candidate_rounds, incumbent_rounds)], confidence)
     return Comparison(ratios.median, ratios.ci_low, ratios.ci_high, noise)
 
 

@@ -48,13 +48,21 @@ def speedup(s: Session, recs: list[records.Experiment]) -> dict:
                     "shapes": confirmed.shapes}
         return {"speedup": shape["speedup"], "ci": shape.get("speedup_ci"),
                 "method": review.ONE_PROCESS, "shapes": confirmed.shapes}
-    value = 1.0
+    value, left_out = 1.0, impossible(recs)
     for r in recs[1:]:
-        if r.status == Status.KEEP and r.gain is not None:
+        if r.status == Status.KEEP and r.gain is not None and r.iteration not in left_out \
+                and r.gain < 1.0:
             value /= 1.0 - r.gain
     return {"speedup": value if recs else None, "ci": None,
-            "method": "product of the kept experiments' in-process ratios (not confirmed)",
+            "method": "product of the kept experiments' in-process ratios (not confirmed)"
+                      + (f"; iterations {', '.join(map(str, left_out))} left out: a time of "
+                         "0 ms is impossible" if left_out else ""),
             "shapes": None}
+
+
+def impossible(recs: list[records.Experiment]) -> list[int]:
+    """The iterations whose time is impossible (records.Experiment.impossible)."""
+    return [r.iteration for r in recs if r.impossible or r.gain is not None and r.gain >= 1.0]
 
 
 def status(s: Session) -> dict:
@@ -69,6 +77,7 @@ def status(s: Session) -> dict:
             "incumbent": inc, "baseline_latency_ms": baseline,
             "speedup_vs_baseline": speedup(s, recs)["speedup"],
             "iterations": len(recs), "experiments": [experiment(r) for r in recs],
+            "impossible": impossible(recs),
             **stop_fields(st.stop), "interrupted": line(st.interrupted),
             "in_flight": st.in_flight, "table": str(s.table_path), "record": str(s.records_path)}
 

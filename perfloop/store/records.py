@@ -134,6 +134,12 @@ class Experiment(_Record):
     def gain(self) -> float | None:
         return self.decision.get("gain")
 
+    @property
+    def impossible(self) -> bool:
+        """A time no clock gives (0 ms or less, or not a number): recorded before perfloop
+        refused such times (a clamp to zero once kept identical code as 100% faster)."""
+        return self.latency_ms is not None and not self.latency_ms > 0
+
 
 @dataclass(frozen=True, kw_only=True)
 class Confirmation(_Record):
