@@ -112,6 +112,9 @@ def _internal(args, exc: Exception) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # the user's environment (keys, tokens) is perfloop's to keep from kernel code, which may
+    # read the /proc entries of its user's processes: this one's are closed
+    spawn.set_dumpable(False)
     try:
         return _main(sys.argv[1:] if argv is None else argv)
     except BrokenPipeError:

@@ -86,6 +86,7 @@ class Scratch:
         shutil.copy(SCRIPTED / "judge_scripted.py", path / "tests" / "judge_scripted.py")
         shutil.copytree(ROOT / "playbook", path / "playbook")
         (path / "README.md").write_text("scratch\n")
+        self.rules(pass_env='["SCRIPTED_*"]')   # (the test kernel's own switches)
         git(path, "init", "-q", "-b", "main")
         git(path, "config", "user.email", "t@example.com")
         git(path, "config", "user.name", "t")

@@ -215,6 +215,8 @@ def test_the_control_and_each_candidate_run_in_launchers_of_their_own(tmp_path):
     timer = Timer(spec)
     try:
         pids = {label: launcher.proc.pid for label, launcher in timer.launchers.items()}
-        assert len(set(pids.values())) == 3 and os.getpid() not in pids.values()
+        # one per variant, and the timer's own empty one (it calibrates the bracket)
+        assert set(pids) == {INCUMBENT, CONTROL, "candidate-0", "bracket"}
+        assert len(set(pids.values())) == 4 and os.getpid() not in pids.values()
     finally:
         timer.close()

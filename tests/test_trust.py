@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import Scratch, pythonpath
+from conftest import Scratch, git, pythonpath
 
 from perfloop.core import sandbox
 
@@ -277,3 +277,211 @@ def test_a_fifo_in_the_kernel_folder_stalls_no_trusted_process(scratch):
     code, out, err = scratch.cli("step", "--kernel", "scripted", "--describe", "fifo",
                                  timeout=240)
     assert code in (0, 1) and out["experiment"]["status"] in ("keep", "revert", "crash"), err
+
+
+# ---- the commit is what ran (issue 52) ----------------------------------------------------
+class _Agent:
+    """An agent's process beside the step: once `when()` holds, it runs `act()`; after the step
+    it runs `undo()`, as one that puts things back to hide what it did."""
+
+    def __init__(self, when, act, undo=lambda: None):
+        import threading
+
+        self.when, self.act, self.undo, self.acted = when, act, undo, False
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self):
+        while not self.stop.is_set():
+            try:
+                if self.when():
+                    self.act()
+                    self.acted = True
+                    return
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.002)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
+        self.undo()
+
+
+def _in_flight(scratch: Scratch, key: str = "iteration") -> bool:
+    raw = json.loads((scratch.path / "sandbox" / "scripted" / "state.json").read_text())
+    return bool(raw.get("in_flight")) and raw["in_flight"].get(key) is not None
+
+
+def _set_knob_mode(scratch: Scratch, mode: str) -> None:
+    knobs = scratch.kernel / "knobs.json"
+    raw = json.loads(knobs.read_text())
+    knobs.write_text(json.dumps({**raw, "mode": mode}, indent=2) + "\n")
+
+
+def _last_record(scratch: Scratch) -> dict:
+    return scratch.records()[-1]
+
+
+def test_a_kernel_rewritten_once_its_commit_exists_is_judged_as_committed(scratch):
+    """The agent commits a wrong kernel (mode wrong-fast), and once the commit exists puts an
+    honest fast one (mode fast) in the folder for the judge and the timer to find, then the
+    wrong one back: perfloop judged the live folder and kept the wrong commit at 27.9%."""
+    scratch.script([{"when": {"mode": "fast"}, "factor": {"*": 0.7}},
+                    {"when": {"mode": "wrong"}, "factor": {"*": 0.7}}])
+    scratch.commit_all("script")
+    code, out, err = scratch.cli("init", "--kernel", "scripted")
+    assert code == 0, err
+    _set_knob_mode(scratch, "wrong")
+    with _Agent(lambda: _in_flight(scratch, "commit"), lambda: _set_knob_mode(scratch, "fast"),
+                lambda: _set_knob_mode(scratch, "wrong")) as agent:
+        code, out, err = scratch.cli("step", "--kernel", "scripted", "--describe", "fast")
+    assert agent.acted
+    e = _last_record(scratch)
+    assert e["status"] != "keep", e["decision"]
+    committed = json.loads(git(scratch.path, "show", f"{e['commit']}:kernels/scripted/knobs.json"))
+    assert committed["mode"] == "wrong" and e["knobs"]["mode"] == "wrong"
+    assert e["correctness_detail"]["passed"] == {"candidate-0": False}   # what was judged
+
+
+def test_a_clean_filter_makes_no_commit_other_than_what_ran(scratch):
+    """With a .gitattributes in the kernel folder and a clean filter in .git/config, `git add`
+    committed other knobs (1.375x slower) than those judged and timed."""
+    scratch.script([{"when": {"mode": "fast"}, "factor": {"*": 0.7}}])
+    scratch.commit_all("script")
+    code, out, err = scratch.cli("init", "--kernel", "scripted")
+    assert code == 0, err
+    git(scratch.path, "config", "filter.swap.clean", "sed s/fast/slow/")
+    (scratch.kernel / ".gitattributes").write_text("knobs.json filter=swap\n")
+    _set_knob_mode(scratch, "fast")
+    code, out, err = scratch.cli("step", "--kernel", "scripted", "--describe", "fast")
+    e = _last_record(scratch)
+    assert e["status"] == "keep", e["decision"]
+    committed = subprocess.run(["git", "cat-file", "blob",
+                                f"{e['commit']}:kernels/scripted/knobs.json"],
+                               cwd=scratch.path, capture_output=True, check=True).stdout
+    assert json.loads(committed)["mode"] == "fast" == e["knobs"]["mode"]
+
+
+def test_the_judge_and_its_tolerances_are_read_as_pinned_whatever_the_tree_says(scratch):
+    """Between the step's start and the judge's end the agent loosens kernel.toml's tolerance
+    and swaps the judge for one without the case its kernel fails, then restores both: the
+    judge runs from the run's pinned tree."""
+    scratch.script([{"when": {"mode": "off-at-5"}, "factor": {"*": 0.7}}])
+    scratch.commit_all("script")
+    code, out, err = scratch.cli("init", "--kernel", "scripted")
+    assert code == 0, err
+    manifest, judge = scratch.kernel / "kernel.toml", scratch.path / "tests" / "judge_scripted.py"
+    pinned = {manifest: manifest.read_text(), judge: judge.read_text()}
+
+    def loosen():
+        manifest.write_text(pinned[manifest].replace("atol = 0.0", "atol = 1.0"))
+        judge.write_text(pinned[judge].replace("[1, 5, 1000]", "[1, 1000]"))
+
+    _set_knob_mode(scratch, "off-at-5")
+    with _Agent(lambda: _in_flight(scratch), loosen,
+                lambda: [p.write_text(t) for p, t in pinned.items()]) as agent:
+        scratch.cli("step", "--kernel", "scripted", "--describe", "off at five")
+    assert agent.acted
+    e = _last_record(scratch)
+    assert e["status"] != "keep" and e["correctness"] == "FAIL", e["decision"]
+    assert any(c["case"] == "n=5" and not c["passed"]
+               for c in e["correctness_detail"]["cases"]["candidate-0"]), e["correctness_detail"]
+
+
+def test_an_edit_to_the_folder_while_a_step_runs_is_refused_and_left_as_it_is(scratch):
+    scratch.script([{"when": {"mode": "fast"}, "factor": {"*": 0.7}}])
+    scratch.commit_all("script")
+    code, out, err = scratch.cli("init", "--kernel", "scripted")
+    assert code == 0, err
+    _set_knob_mode(scratch, "fast")
+    later = scratch.kernel / "later.py"
+    with _Agent(lambda: _in_flight(scratch, "commit"), lambda: later.write_text("X = 1\n")):
+        scratch.cli("step", "--kernel", "scripted", "--describe", "fast")
+    e = _last_record(scratch)
+    assert e["status"] != "keep" and "was edited while the step ran" in e["decision"]["reason"]
+    assert later.read_text() == "X = 1\n"   # never overwritten by the revert
+
+
+@LANDLOCK
+def test_code_from_a_file_beside_the_judge_that_no_commit_holds_never_runs(scratch):
+    """A kernel read its factor from an untracked file in the judge's folder, was kept, and
+    computed wrong results once the file was rewritten: children read no working tree."""
+    (scratch.path / "tests" / "beside_judge.txt").write_text("FACTOR = 2\n")
+    e = _step(scratch, "beside-judge", script=[{"when": {"mode": "beside-judge"},
+                                                "factor": {"*": 0.5}}])
+    _not_kept(e)
+
+
+@LANDLOCK
+def test_nothing_a_launcher_sees_names_its_role(scratch):
+    """The incumbent, its control and the candidate each write what they see of themselves;
+    once random names are masked, the three read the same: no path, log, command line,
+    environment or neighbour tells a kept kernel that it now runs as the incumbent (one that
+    ran slow only from the incumbent's export made every later step win)."""
+    import re
+
+    e = _step(scratch, "tells", script=[{"when": {"mode": "tells"}, "factor": {"*": 0.7}}])
+    assert e["status"] == "keep", e
+    code, out, err = scratch.cli("step", "--kernel", "scripted", "--opt", "fast_math")
+    assert code in (0, 1), err
+    work = scratch.path / "sandbox" / "scripted" / "work"
+    tells = [json.loads(p.read_text()) for p in work.glob("iter-02-*/k-*/tmp/tells.json")]
+    specs = [json.loads(p.read_text()) for p in work.glob("iter-02-*/timing-*-spec.json")]
+    roles = {str(Path(v["folder"]).resolve() / "kernel.py"): v["label"]
+             for spec in specs for v in spec["variants"]}
+    seen = {roles[t["file"]]: t for t in tells if t["file"] in roles}
+    assert {"incumbent", "incumbent-again", "candidate-0"} <= set(seen), sorted(seen)
+
+    def masked(t):
+        text = json.dumps({k: v for k, v in t.items() if k != "environ"}, sort_keys=True)
+        env = {k: re.sub(r"[0-9a-f]{8,}", "X", v) for k, v in t["environ"].items()}
+        return re.sub(r"[0-9a-f]{8,}", "X", text), env
+
+    views = {role: masked(t) for role, t in seen.items()}
+    assert views["incumbent"] == views["candidate-0"] == views["incumbent-again"], views
+    assert "refused" in seen["incumbent"]["siblings"] and "refused" in seen["incumbent"]["repository"]
+
+
+def test_the_users_secrets_never_reach_kernel_code(scratch):
+    """A kernel that finds the user's secret in its environment, or in that of a process above
+    it (/proc/<timer>/environ), computes wrong: it must never find it."""
+    e = _step(scratch, "environ", env={"CI_SECRET_TOKEN": "hunter2"})
+    assert e["correctness"] == "PASS", e
+    assert "hunter2" not in json.dumps(scratch.records())
+
+
+def test_a_launcher_that_lowers_the_timers_limits_or_priority_is_failed(scratch):
+    """Any process of the user may lower another's resource limits or priority; the only
+    launcher that ran in that turn is failed, and the timer sets its own back."""
+    e = _step(scratch, "limit-timer", env=REAL_CLOCK)
+    _not_kept(e, "changed the trusted timer's")
+
+
+def test_a_launcher_that_weights_its_own_session_gains_nothing(scratch):
+    """`echo -20 > /proc/self/autogroup` (root may) gives a launcher's session more of a busy
+    CPU; the timer sets it back before every batch, and fails one that takes it while timed."""
+    if os.geteuid() != 0:
+        pytest.skip("only root may weight a session above its parent's")
+    e = _step(scratch, "autogroup", env=REAL_CLOCK)
+    _not_kept(e)
+
+
+def test_a_candidate_no_slower_than_an_empty_batch_is_failed_not_kept_at_zero(scratch):
+    """A time at or below the empty batch's is impossible: the clamp to zero once kept
+    identical code as "100% faster", after which every command failed dividing by it."""
+    scratch.script([{"when": {"fast_math": True}, "factor": {"*": 0.0}}])
+    scratch.commit_all("script")
+    code, out, err = scratch.cli("init", "--kernel", "scripted")
+    assert code == 0, err
+    code, out, err = scratch.cli("step", "--kernel", "scripted", "--opt", "fast_math")
+    e = _last_record(scratch)
+    assert e["status"] != "keep" and "no longer than the timer's empty batch" in \
+        e["outcomes"]["candidate-0"]["reason"], e["outcomes"]
+    for command in ("status", "report", "next"):
+        code, out, err = scratch.cli(command, "--kernel", "scripted")
+        assert code == 0, (command, out, err)

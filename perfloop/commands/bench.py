@@ -82,10 +82,9 @@ def _execute(s: Session, count: int | None = None, seed: int | None = None) -> d
         variants, workload.timed(s.spec, shapes), rules, contract=s.spec.folder,
         tolerance=s.spec.tolerance, headline=s.spec.headline.name,
         ceilings_cache=s.ceilings_cache, work=work,
-        confinement=s.confinement(), cache=s.compile_cache,
+        confinement=s.confinement(s.spec.folder), cache=s.compile_cache,
         deadline=time.monotonic() + rules.iteration_timeout_s * max(1, len(shapes) / 3),
-        cwd=s.root,
-        env=phases.child_env(s.playbook_dir), checked=[INCUMBENT])
+        cwd=s.root, env=phases.child_env(s.playbook_dir, s.playbook.rules.pass_env))
     failed = {} if timing.crashed else {**(timing.raw.get("failed") or {}), **timing.excluded}
     mine = {k: v for k, v in failed.items() if k in (INCUMBENT, CONTROL)}
     if timing.crashed or mine:

@@ -64,7 +64,7 @@ def _playbook_proposal(s: Session, opt_id: str, value_text: str | None) -> Propo
         raise UserError(f"optimization '{opt.id}' changes knob '{missing[0]}', which kernel "
                         f"'{s.spec.name}' does not have (its knobs: {', '.join(knobs)})")
     allowed = s.spec.candidates.get(opt.key, opt.values)
-    space = knobspace.space_for(s.spec.folder)
+    space = knobspace.space_for(s.pinned().contract)   # the contract's, never an edit's
     what = "+".join(opt.moves)
     if value_text is None:
         values = decide.candidates_for(opt, knobs, s.spec.candidates, space)

@@ -104,6 +104,7 @@ class Limits:
     judge_processes: int = 1     # pytest processes that judge an iteration's candidates
     start_ahead: bool = False    # GPU kernels: the next experiment's children start while timing
     confine: str = "read-write"  # what kernel code may touch: "read-write", "write" or "off"
+    pass_env: tuple = ()         # more variables children get (perfloop.core.sandbox.PASSED)
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,7 @@ class Rules:
     start_ahead: bool = False
     classes: Classes = Classes()   # absent from rules pinned before it: the defaults
     confine: str = "read-write"    # absent from rules pinned before it: the default
+    pass_env: tuple = ()           # absent from rules pinned before it: none
 
 
 @dataclass(frozen=True)
@@ -244,7 +246,8 @@ def rules_from_dict(raw: dict, where: str = "pinned rules") -> Rules:
                      judge_processes=raw.get("judge_processes", 1),
                      start_ahead=raw.get("start_ahead", False),
                      classes=Classes(**raw.get("classes", {})),
-                     confine=raw.get("confine", "read-write"))
+                     confine=raw.get("confine", "read-write"),
+                     pass_env=tuple(raw.get("pass_env", ())))
     except (KeyError, TypeError) as exc:
         raise UserError(f"{where} are incomplete ({exc.__class__.__name__}: {exc}); start a new "
                         "run with --new") from None
@@ -275,6 +278,13 @@ def _confine(value, path: Path) -> str:
         raise UserError(f"{path}: [limits] confine must be one of {', '.join(CONFINE)}, not "
                         f"{value!r}")
     return value
+
+
+def _pass_env(value, path: Path) -> tuple:
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v for v in value):
+        raise UserError(f"{path}: [limits] pass_env must be a list of variable names or "
+                        f"patterns (e.g. [\"MY_KERNEL_*\"]), not {value!r}")
+    return tuple(value)
 
 
 def with_rules(book: Playbook, raw: dict) -> Playbook:
@@ -320,6 +330,7 @@ def load(directory: Path) -> Playbook:
         start_ahead=bool(limits.start_ahead),
         classes=_classes(_typed(Classes, rules, "classes", rules_path), rules_path),
         confine=_confine(limits.confine, rules_path),
+        pass_env=_pass_env(limits.pass_env, rules_path),
     )
     autotune_path = directory / "autotune.toml"
     autotune = read_toml(autotune_path) if autotune_path.exists() else {}

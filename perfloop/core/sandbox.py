@@ -77,13 +77,12 @@ def _writes(version: int) -> int:
     return out
 
 
-def confine(write: list[str], read: list[str] | None = None, listed: list[str] = (),
-            devices: list[str] = ()) -> str:
+def confine(write: list[str], read: list[str] | None = None, devices: list[str] = ()) -> str:
     """Restrict this process (see the module's text); returns what was done, in a few words.
-    `listed`: folders whose entries (names, beneath them too) may be listed though their files
-    may not be read (pytest lists the repository's root). `devices`: files (and folders of
-    files) that may be opened for writing, but nothing made, removed or truncated there; with
-    them, files in SHARED_MEMORY may be opened for writing and removed, not made."""
+    `devices`: files (and folders of files) that may be opened for writing, but nothing made,
+    removed or truncated there; with them, files in SHARED_MEMORY may be opened for writing
+    and removed, not made. Nothing else of the repository may even be listed: a launcher that
+    listed its folders watched the timer's progress file grow."""
     version = abi()
     if version < 1:
         return "none: this kernel has no Landlock (writes and reads are not confined)"
@@ -99,8 +98,7 @@ def confine(write: list[str], read: list[str] | None = None, listed: list[str] =
         return f"none: landlock_create_ruleset failed ({os.strerror(ctypes.get_errno())})"
     try:
         # its own /proc entry too: CUDA's driver writes there when it makes a context (on an
-        # H100 under Landlock ABI 7, cudaGetDeviceCount failed with error 304 without it).
-        # Landlock forbids ptrace out of the sandbox, so no other process's entries open.
+        # H100 under Landlock ABI 7, cudaGetDeviceCount failed with error 304 without it)
         for path in [*write, f"/proc/{os.getpid()}"]:
             _allow(libc, fd, path, writes | (READS if read is not None else 0))
         for path in devices:
@@ -109,8 +107,6 @@ def confine(write: list[str], read: list[str] | None = None, listed: list[str] =
             _allow(libc, fd, SHARED_MEMORY, WRITE_FILE | REMOVE_FILE)
         for path in read or ():
             _allow(libc, fd, path, READS)
-        for path in listed if read is not None else ():
-            _allow(libc, fd, path, READ_DIR)
         if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             return "none: prctl(PR_SET_NO_NEW_PRIVS) failed"
         if libc.syscall(_RESTRICT_SELF, ctypes.c_int(fd), ctypes.c_uint32(0)) != 0:
@@ -120,6 +116,43 @@ def confine(write: list[str], read: list[str] | None = None, listed: list[str] =
     kind = "writes and reads" if read is not None else "writes"
     scoped = ", signals scoped" if version >= 6 else ""
     return f"landlock ABI {version}: {kind} confined{scoped}"
+
+
+_PR_CAPBSET_DROP, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 24, 47, 4
+_CAP_VERSION_3 = 0x20080522
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                ("inheritable", ctypes.c_uint32)]
+
+
+def drop_capabilities() -> bool:
+    """Give up every capability, for good (bounding set, ambient, effective and permitted):
+    a process running as root then reads no other process's /proc entries whose owner holds
+    more (the timer's environment), raises no priority and no limit (its own or the timer's),
+    and regains none by executing a program. Returns whether it held any."""
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = _libc()
+    data = (_CapData * 2)()
+    header = _CapHeader(_CAP_VERSION_3, 0)
+    held = libc.capget(ctypes.byref(header), data) == 0 and any(
+        d.effective or d.permitted for d in data)
+    try:
+        with open("/proc/sys/kernel/cap_last_cap", encoding="ascii") as f:
+            last = int(f.read())
+    except (OSError, ValueError):
+        last = 40
+    for cap in range(last + 1):   # (refused without CAP_SETPCAP: then none was held)
+        libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)
+    libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    libc.capset(ctypes.byref(_CapHeader(_CAP_VERSION_3, 0)), (_CapData * 2)())
+    return held
 
 
 def _allow(libc, ruleset: int, path: str, access: int) -> None:
@@ -140,7 +173,6 @@ def _allow(libc, ruleset: int, path: str, access: int) -> None:
 ENV = "PERFLOOP_CONFINE"
 SYSTEM = ("/usr", "/lib", "/lib32", "/lib64", "/bin", "/sbin", "/etc", "/opt", "/proc", "/sys",
           "/dev", "/run", "/var/lib")
-ROOT_FILES = ("pyproject.toml", "setup.cfg", "tox.ini", "pytest.ini", "conftest.py")
 # What a child may open for writing in /dev: the null devices, CUDA's device files, and the
 # shared memory the timer and torch make in /dev/shm (slots, CUDA IPC reference counts), where
 # it may also remove a file (torch unlinks one whose last user it is), never make one: a
@@ -158,8 +190,8 @@ def device_files() -> list[str]:
 
 def environment_reads(root) -> list[str]:
     """What any perfloop child must read besides its own folders: the system, the Python
-    environment, the folders on sys.path and PATH outside the repository, perfloop's own
-    package, and the repository's configuration files pytest looks for."""
+    environment, the folders on sys.path and PATH outside the repository, and perfloop's own
+    package. Nothing of the repository: a judge runs from the run's pinned tree."""
     import site
 
     root = os.path.realpath(str(root))
@@ -175,8 +207,28 @@ def environment_reads(root) -> list[str]:
                and not (p + os.sep).startswith(root + os.sep) and not root.startswith(p + os.sep)]
     places += [p for p in sys.path if p and os.path.isdir(p)
                and not (os.path.realpath(p) + os.sep).startswith(root + os.sep)]
-    places += [os.path.join(root, name) for name in ROOT_FILES]
     return sorted({os.path.realpath(p) for p in places if p})
+
+
+# What a child gets of the environment perfloop was started in: what Python, PyTorch, CUDA and
+# the compilers need (names, and prefixes), and the rules' [limits] pass_env; never the rest,
+# where a user keeps tokens and keys (a launcher read them in the timer's environment).
+PASSED = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TERM", "SHELL",
+          "TMPDIR", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONHASHSEED", "PYTHONWARNINGS",
+          "VIRTUAL_ENV", "CONDA_PREFIX", "SOURCE_DATE_EPOCH")
+PASSED_PREFIXES = ("LC_", "CUDA_", "NVIDIA_", "NCCL_", "NVSHMEM_", "CUDNN_", "CUBLAS",
+                   "TORCH_", "TORCHINDUCTOR_", "PYTORCH_", "TRITON_", "CUTILE_", "OMP_", "MKL_",
+                   "OPENBLAS_", "KMP_", "GOMP_", "XDG_", "PERFLOOP_")
+
+
+def passed_environment(env: dict, extra: tuple = ()) -> dict:
+    """The variables of `env` a child gets: PASSED, PASSED_PREFIXES and `extra` (names or
+    fnmatch patterns)."""
+    import fnmatch
+
+    return {k: v for k, v in env.items()
+            if k in PASSED or k.startswith(PASSED_PREFIXES)
+            or any(fnmatch.fnmatchcase(k, pattern) for pattern in extra)}
 
 
 def linked_cache(folder, shared) -> str:
@@ -213,21 +265,23 @@ def child_environment(env: dict, folder, *, reads: list, root, confined: bool = 
     if confined:
         out[ENV] = json.dumps({"write": [folder, out["CUDA_TILE_CACHE_DIR"]],
                                "devices": device_files(),
-                               "read": [*environment_reads(root), *map(str, reads)],
-                               "listed": [os.path.realpath(str(root))]})
+                               "read": [*environment_reads(root), *map(str, reads)]})
     return out
 
 
 def apply_from_environ() -> str:
-    """In a child, first thing: confine it as PERFLOOP_CONFINE says (then forget the variable,
-    so kernel code does not see it); "" when there is none."""
+    """In a child, first thing: confine it as PERFLOOP_CONFINE says, and give up every
+    capability unless it says to keep them (then forget the variable, so kernel code does not
+    see it); "" when there is none."""
 
     raw = os.environ.pop(ENV, None)
     if not raw:
         return ""
     wanted = json.loads(raw)
-    return confine(wanted["write"], wanted.get("read"), wanted.get("listed", ()),
-                   wanted.get("devices", ()))
+    said = confine(wanted["write"], wanted.get("read"), wanted.get("devices", ()))
+    if not wanted.get("keep_capabilities") and drop_capabilities():
+        said += "; capabilities dropped"
+    return said
 
 
 @dataclass(frozen=True)
@@ -239,24 +293,29 @@ class Confinement:
     reads: tuple = ()
 
 
-def confinement_for(mode: str, kernel_folder, judge_file, copies) -> Confinement:
-    """A kernel's children may read its folder, its judge's folder and `copies`, where the
-    run exports the incumbent's and the contract's code; not the rest of the run's work
-    folder, where the trusted processes keep their files: a kernel that read the timer's
-    progress knew when the judge's cases were replayed (tests/test_adversarial.py)."""
-    os.makedirs(copies, exist_ok=True)   # (Landlock grants folders that exist)
-    places = (kernel_folder, os.path.dirname(str(judge_file)), copies)
-    return Confinement(mode, tuple(str(p) for p in places))
+def confinement_for(mode: str, *reads) -> Confinement:
+    """Children that run kernel code may read `reads` (the run's pinned tree, the exports of
+    commits they run) and nothing else of the repository: not the working tree, where a file
+    no commit holds could be read and later changed, nor the run's work folder, where the
+    trusted processes keep their files (a kernel that read the timer's progress file knew
+    when the judge's cases were replayed: tests/test_adversarial.py)."""
+    for place in reads:
+        os.makedirs(place, exist_ok=True)   # (Landlock grants folders that exist)
+    return Confinement(mode, tuple(str(p) for p in reads))
 
 
-def kernel_env(env: dict, folder, root, confinement: Confinement) -> dict:
+def kernel_env(env: dict, folder, root, confinement: Confinement,
+               keep_capabilities: bool = False) -> dict:
     """The environment of a child that runs kernel code in `folder`: its temporary files and
     caches there, and, unless confinement is off, writes only there (and reads only the
-    environment and `confinement.reads`, for "read-write")."""
+    environment and `confinement.reads`, for "read-write"), without capabilities unless
+    `keep_capabilities` (a profiler's target, whose counters may need them)."""
     reads = None if confinement.mode != "read-write" else [*confinement.reads, folder]
     out = child_environment(env, folder, reads=reads or [], root=root,
                             confined=confinement.mode != "off")
-    if confinement.mode == "write":  # writes confined, reads not
+    if confinement.mode != "off":
         wanted = json.loads(out[ENV])
-        out[ENV] = json.dumps({"write": wanted["write"], "devices": wanted["devices"]})
+        if confinement.mode == "write":  # writes confined, reads not
+            wanted = {"write": wanted["write"], "devices": wanted["devices"]}
+        out[ENV] = json.dumps({**wanted, "keep_capabilities": keep_capabilities})
     return out

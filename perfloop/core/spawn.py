@@ -51,6 +51,16 @@ def die_with_parent(sig: int = signal.SIGTERM) -> None:
     _prctl(PR_SET_PDEATHSIG, sig)
 
 
+PR_SET_DUMPABLE = 4
+
+
+def set_dumpable(dumpable: bool) -> bool:
+    """Whether other processes of this user may read this one's /proc entries (its
+    environment, memory, file descriptors) or attach to it. perfloop's trusted processes are
+    not: a launcher read the timer's environment, and with it the user's secrets."""
+    return _prctl(PR_SET_DUMPABLE, int(dumpable))
+
+
 def become_subreaper() -> bool:
     """Orphans among this process's descendants come back to it (kill_descendants)."""
     return _prctl(PR_SET_CHILD_SUBREAPER, 1)

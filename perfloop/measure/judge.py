@@ -29,6 +29,7 @@ from perfloop.core.kernel import code_digest
 from perfloop.core.sandbox import Confinement, kernel_env, linked_cache
 from perfloop.measure import process
 from perfloop.measure.phases import nonce, variants_json
+from perfloop.store.pinned import Pinned
 
 KERNEL_PLUGIN, REFEREE_PLUGIN = "perfloop.child.judge_plugin", "perfloop.referee.judge_plugin"
 
@@ -47,18 +48,28 @@ class JudgeResult:
     replay: dict | None = None                   # the judge's replayable cases: {path, digest}
 
 
-def _cmd(judge_file: Path, cwd: Path, plugin: str, option: str, request: Path) -> list[str]:
-    """(A judge whose request file does not exist yet was started ahead: it waits for it.)"""
-    return process.python(cwd, "pytest", str(judge_file), "-q", "-p", "no:cacheprovider", "-p",
-                          plugin, f"{option}={request}", "-o", "addopts=", "--rootdir", str(cwd))
+def _cmd(tree: Pinned, root: Path, plugin: str, option: str, request: Path) -> list[str]:
+    """The judge's copy in the run's pinned tree, with the pinned pytest configuration and the
+    tree as pytest's rootdir (its process runs there). `root`: the repository's, whose files
+    the child compiles from their source. (A judge whose request file does not exist yet was
+    started ahead: it waits for it.)"""
+    return process.python(root, "pytest", str(tree.judge), "-q", "-p", "no:cacheprovider", "-p",
+                          plugin, f"{option}={request}", "-c", str(tree.ini), "-o", "addopts=",
+                          "--rootdir", str(tree.root))
 
 
-def _kernel_cmd(judge_file: Path, cwd: Path, request: Path) -> list[str]:
-    return _cmd(judge_file, cwd, KERNEL_PLUGIN, "--perfloop-request", request)
+def _kernel_cmd(tree: Pinned, root: Path, request: Path) -> list[str]:
+    return _cmd(tree, root, KERNEL_PLUGIN, "--perfloop-request", request)
 
 
-def _referee_cmd(judge_file: Path, cwd: Path, request: Path) -> list[str]:
-    return _cmd(judge_file, cwd, REFEREE_PLUGIN, "--perfloop-reference", request)
+def _referee_cmd(tree: Pinned, root: Path, request: Path) -> list[str]:
+    return _cmd(tree, root, REFEREE_PLUGIN, "--perfloop-reference", request)
+
+
+def contract_of(tree: Pinned) -> dict:
+    """What perfloop.correctness reads the kernel's declared tolerances and hooks from: the
+    pinned copy of the kernel folder, wherever the judge looks for it."""
+    return {"folder": str(tree.contract), "copy": str(tree.contract)}
 
 
 @dataclass
@@ -67,7 +78,7 @@ class JudgePool:
     pytest, loaded its plugins and imported perfloop.core.lifeline.PRELOAD, and waits for its
     request file. `judge` takes them in place of new processes; `discard` kills what is left."""
 
-    key: tuple                                       # (judge file, cwd, environment)
+    key: tuple                                       # (judge file, environment, confinement)
     ready: list = field(default_factory=list)        # kernel passes: [(request, Running, cache)]
     referee: tuple | None = None                     # the reference pass: (request, Running)
 
@@ -96,8 +107,8 @@ class JudgePool:
             self.referee = None
 
 
-def _pool_key(judge_file: Path, cwd: Path, env: dict, confinement: Confinement) -> tuple:
-    return str(judge_file), str(cwd), tuple(sorted(env.items())), confinement
+def _pool_key(tree: Pinned, env: dict, confinement: Confinement) -> tuple:
+    return str(tree.judge), tuple(sorted(env.items())), confinement
 
 
 def _kernel_folder(work: Path) -> Path:
@@ -119,7 +130,7 @@ def shared_cache(cache: Path | None, folders) -> Path | None:
     return Path(cache) / codes.pop()
 
 
-def _start_kernel_pass(judge_file: Path, cwd: Path, work: Path, env: dict,
+def _start_kernel_pass(tree: Pinned, root: Path, work: Path, env: dict,
                        confinement: Confinement, shared: Path | None = None) -> tuple:
     """(request, Running, shared): a kernel pass waiting for its request, in a folder of its
     own, with the compile cache `shared` where one is given (its own otherwise)."""
@@ -128,23 +139,24 @@ def _start_kernel_pass(judge_file: Path, cwd: Path, work: Path, env: dict,
     if shared is not None:
         env = {**env, "CUDA_TILE_CACHE_DIR": linked_cache(folder, shared)}
     return request, process.start(
-        _kernel_cmd(judge_file, cwd, request), log=folder / "pytest.log", cwd=cwd,
-        env=kernel_env(env, folder, cwd, confinement)), shared
+        _kernel_cmd(tree, root, request), log=folder / "pytest.log", cwd=tree.root,
+        env=kernel_env(env, folder, root, confinement)), shared
 
 
-def start_judges(judge_file: Path, *, cwd: Path, work: Path, env: dict, processes: int,
+def start_judges(tree: Pinned, *, root: Path, work: Path, env: dict, processes: int,
                  confinement: Confinement = Confinement(), cache: Path | None = None,
                  code_folder: Path | None = None) -> JudgePool:
     """Start `processes` kernel passes and a reference pass for the next experiment; the
     kernel passes share the compile cache of `code_folder`'s code (shared_cache), which the
     variants they are given must all have for them to be taken."""
-    pool = JudgePool(_pool_key(judge_file, cwd, env, confinement))
+    pool = JudgePool(_pool_key(tree, env, confinement))
     shared = shared_cache(cache, [code_folder])
     for _ in range(processes):
-        pool.ready.append(_start_kernel_pass(judge_file, cwd, work, env, confinement, shared))
+        pool.ready.append(_start_kernel_pass(tree, root, work, env, confinement, shared))
     request = work / f"referee-{nonce()}.json"
-    pool.referee = (request, process.start(_referee_cmd(judge_file, cwd, request),
-                                           log=request.with_suffix(".log"), env=env, cwd=cwd))
+    pool.referee = (request, process.start(_referee_cmd(tree, root, request),
+                                           log=request.with_suffix(".log"), env=env,
+                                           cwd=tree.root))
     return pool
 
 
@@ -170,9 +182,9 @@ def _fresh(ready: tuple | None, files) -> tuple | None:
     return ready
 
 
-def _kernel_pass(judge_file: Path, variants: list[dict], *, cwd: Path, work: Path,
+def _kernel_pass(tree: Pinned, variants: list[dict], *, root: Path, work: Path,
                  deadline: float, stall_s: float, env: dict, cancel: threading.Event,
-                 confinement: Confinement, shown=None, contract: dict | None = None,
+                 confinement: Confinement, shown=None,
                  shard: tuple | None = None, ready: tuple | None = None,
                  cache: Path | None = None) -> tuple:
     """Run one kernel pass: (its ChildResult, its case-log entries, its audit, its outputs)."""
@@ -182,14 +194,14 @@ def _kernel_pass(judge_file: Path, variants: list[dict], *, cwd: Path, work: Pat
         ready[1].kill()
         ready = None
     if ready is None:
-        ready = _start_kernel_pass(judge_file, cwd, work, env, confinement, shared)
+        ready = _start_kernel_pass(tree, root, work, env, confinement, shared)
     request, running, _ = ready
     _, log, imports, outputs = _kernel_files(request)
     outputs.mkdir()
     body = json_bytes({"variants": variants_json(variants), "log": str(log),
                        "outputs": str(outputs), "imports_out": str(imports),
                        **({"shard": list(shard)} if shard else {}),
-                       **({"contract": contract} if contract else {})})
+                       "contract": contract_of(tree)})
     running.adopt(progress=[log])
     write_bytes(request, body)  # (atomic: the waiting process reads all of it or nothing)
     # its audit, written last in its session, is all it delivers besides its cases and
@@ -290,27 +302,32 @@ class _Passes:
     entries: dict = field(default_factory=dict)
 
 
-def judge(judge_file: Path, variants: list[dict], *, cwd: Path, work: Path, deadline: float,
+def judge(tree: Pinned, variants: list[dict], *, root: Path, work: Path, deadline: float,
           stall_s: float, env: dict, processes: int = 1, share_cases: bool = False,
-          contract: dict | None = None, pool: JudgePool | None = None,
+          replay_only: list[dict] = (), pool: JudgePool | None = None,
           confinement: Confinement = Confinement(), cache: Path | None = None) -> JudgeResult:
     """Judge the variants: kernel passes side by side (see split) and one reference pass, which
-    gives the verdict. `contract` ({folder, copy}): the run's pinned copy of the kernel
-    folder, whose tolerance hook perfloop.correctness.tolerance reads. `pool`: processes
-    started ahead for this judge (start_judges); whatever is left of it is killed. `cache`:
-    where the timer keeps each code's compile cache (shared_cache)."""
+    gives the verdict. `tree`: the run's pinned tree (the judge, its configuration and the
+    kernel folder's copy whose tolerances and hooks perfloop.correctness reads); `root`: the
+    repository's. `replay_only`: variants (the incumbent and its control) whose cases the
+    reference pass records for the timer to replay, as it does for the variants judged, but
+    which no kernel pass runs. `pool`: processes started ahead for this judge (start_judges);
+    whatever is left of it is killed. `cache`: where the timer keeps each code's compile cache
+    (shared_cache)."""
     out, t0 = JudgeResult(), time.monotonic()
-    key = _pool_key(judge_file, cwd, env, confinement)
-    referee = _start_referee(judge_file, variants, cwd=cwd, work=work, env=env,
-                             contract=contract, ready=pool.take_referee(key) if pool else None)
+    key = _pool_key(tree, env, confinement)
+    judged = {v["label"] for v in variants}
+    recorded = variants + [v for v in replay_only if v["label"] not in judged]
+    referee = _start_referee(tree, recorded, root=root, work=work, env=env,
+                             ready=pool.take_referee(key) if pool else None)
     pending = [(group, shard, pool.take(key) if pool else None)
                for group, shard in split(variants, processes, share_cases)]
     if pool:
         pool.discard()
     out.processes = len(pending)
     try:
-        passes = _run_passes(judge_file, pending, out, cwd=cwd, work=work, deadline=deadline,
-                             stall_s=stall_s, env=env, contract=contract, count=len(variants),
+        passes = _run_passes(tree, pending, out, root=root, work=work, deadline=deadline,
+                             stall_s=stall_s, env=env, count=len(variants),
                              confinement=confinement, cache=cache)
         process.kill_strays()  # what kernel code left running ends with its judge
         out.passes_s = round(time.monotonic() - t0, 3)
@@ -322,7 +339,7 @@ def judge(judge_file: Path, variants: list[dict], *, cwd: Path, work: Path, dead
     return out
 
 
-def _run_passes(judge_file: Path, pending: list, out: JudgeResult, *, count: int,
+def _run_passes(tree: Pinned, pending: list, out: JudgeResult, *, count: int,
                 **where) -> _Passes:
     """Every kernel pass to its end; a process that cannot stand has each of its variants judged
     again whole in a process of its own (never redone twice)."""
@@ -333,7 +350,7 @@ def _run_passes(judge_file: Path, pending: list, out: JudgeResult, *, count: int
     try:
         while pending:
             runs = list(threads.map(lambda job: (job, _kernel_pass(
-                judge_file, job[0], cancel=cancel, shown=shown, shard=job[1], ready=job[2],
+                tree, job[0], cancel=cancel, shown=shown, shard=job[1], ready=job[2],
                 **where)), pending))
             pending = _absorb(runs, passes, out, where["deadline"])
     except BaseException:
@@ -391,18 +408,18 @@ def _record_pass(passes: _Passes, group: list, entries: list, audit: dict, folde
                                       f"{bad[0].get('error') or 'the judge logged it as failed'}")
 
 
-def _start_referee(judge_file: Path, variants: list[dict], *, cwd: Path, work: Path, env: dict,
-                   contract: dict | None, ready: tuple | None) -> tuple:
+def _start_referee(tree: Pinned, variants: list[dict], *, root: Path, work: Path, env: dict,
+                   ready: tuple | None) -> tuple:
     ready = _fresh(ready, _referee_files)
     request, running = ready if ready else (work / f"referee-{nonce()}.json", None)
     _, compare, verdict, cases = _referee_files(request)
     body = json_bytes({"variants": variants_json(variants), "compare": str(compare),
                        "verdict": str(verdict), "cases": str(cases),
-                       **({"contract": contract} if contract else {})})
+                       "contract": contract_of(tree)})
     if running is None:
         write_bytes(request, body)
-        running = process.start(_referee_cmd(judge_file, cwd, request),
-                                log=request.with_suffix(".log"), env=env, cwd=cwd)
+        running = process.start(_referee_cmd(tree, root, request),
+                                log=request.with_suffix(".log"), env=env, cwd=tree.root)
     else:
         running.adopt(progress=[])
         write_bytes(request, body)

@@ -24,16 +24,17 @@ from perfloop.core.atomic import digest, json_bytes, write_bytes, write_json
 from perfloop.core.errors import EnvironmentFailure
 from perfloop.core.kernel import code_digest
 from perfloop.core.playbook import Rules, thaw
-from perfloop.core.sandbox import Confinement, kernel_env, linked_cache
+from perfloop.core.sandbox import Confinement, kernel_env, linked_cache, passed_environment
 from perfloop.core.vocab import CONTROL, INCUMBENT, Outcome
 from perfloop.measure import process
 
 PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])  # the folder holding perfloop/
 
 
-def child_env(playbook_dir: Path) -> dict:
-    """The one environment of both children."""
-    env = dict(os.environ)
+def child_env(playbook_dir: Path, passed: tuple = ()) -> dict:
+    """The one environment of every child: of perfloop's own, only what the children need
+    (perfloop.core.sandbox.passed_environment, with the rules' pass_env as `passed`)."""
+    env = passed_environment(dict(os.environ), passed)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_PARENT, env.get("PYTHONPATH")) if p)
     env["PERFLOOP_PLAYBOOK"] = str(playbook_dir)
     env["PYTHONUNBUFFERED"] = "1"
@@ -131,6 +132,10 @@ class Pending:
     attempt: tuple | None = None  # (tag, running child) of the worker waiting for its go
     specs: dict = field(default_factory=dict)  # tag -> digest of the spec perfloop wrote
 
+    def labels(self) -> set[str]:
+        """The variants' labels (a culprit among none of them is the timer's own)."""
+        return {v["label"] for v in self.variants}
+
 
 def start_timer_ahead(*, cwd: Path, work: Path, env: dict) -> tuple:
     """A timing worker for the next experiment, started now: it imports perfloop.core.lifeline.PRELOAD and
@@ -179,13 +184,12 @@ def _launch(pending: Pending, variants: list[dict], go: dict | None,
 
 def start_timing(variants: list[dict], shapes: list[dict], rules: Rules, *, contract: Path,
                  tolerance: dict, headline: str, ceilings_cache: Path, work: Path, cwd: Path,
-                 env: dict, checked: list[str] | None = None,
+                 env: dict,
                  only_buckets: list[str] | None = None, always: list[str] = (),
                  ahead: tuple | None = None, confinement: Confinement = Confinement(),
                  cache: Path | None = None, held_back_if_gain: bool = False) -> Pending:
-    """Start the worker for these variants (the incumbent and its control first). `checked`
-    names the variants whose outputs and streams are checked (default: all but the incumbent
-    and its control). `only_buckets`: time only the shapes in these buckets (by the kernel's
+    """Start the worker for these variants (the incumbent and its control first; every one of
+    kernel code is checked alike). `only_buckets`: time only the shapes in these buckets (by the kernel's
     bucket()) and those named in `always`: a change of the dispatch table leaves every other
     bucket's code as it was. `ahead`: a worker started ahead (start_timer_ahead) takes them.
     `held_back_if_gain`: a pass times the held-back shapes only where some candidate was
@@ -200,8 +204,7 @@ def start_timing(variants: list[dict], shapes: list[dict], rules: Rules, *, cont
               "tolerance": tolerance, "headline": headline, "ceilings_cache": str(ceilings_cache),
               "confinement": {"mode": confinement.mode, "reads": list(confinement.reads)},
               "cache": str(cache or work / "cache"),
-              **({"held_back": "if-gain"} if held_back_if_gain else {}),
-              **({"checked": checked} if checked is not None else {})}
+              **({"held_back": "if-gain"} if held_back_if_gain else {})}
     pending = Pending(common, list(variants), work, cwd, env, rules.stall_timeout_s,
                       time.monotonic())
     pending.attempt = _launch(pending, pending.variants, None, ahead)
@@ -231,7 +234,7 @@ def start_warmers(variants: list[dict], shapes: list[dict], *, processes: int, c
             mine = kernel_env({**env, "CUDA_TILE_CACHE_DIR": linked_cache(folder, shared)},
                               folder, cwd, confinement)
             running.append(process.start(process.python(cwd, "perfloop.child.warm", str(spec)),
-                                         log=folder / "warm.log", env=mine, cwd=cwd))
+                                         log=folder / "warm.log", env=mine, cwd=folder))
     return running
 
 
@@ -313,7 +316,8 @@ def _finish(pending: Pending, out: Timing, running, tag: str, remaining: list, g
         culprit = last.get("label")
         reason = last.get("reason") or f"timing worker {res.describe()} (log: {res.log})"
         kind = Outcome.FAIL if last.get("stage") == "tampered" else Outcome.CRASH
-        if culprit in (None, INCUMBENT, CONTROL) or res.timed_out and not res.stalled:
+        if culprit not in go["labels"] and culprit not in pending.labels() \
+                or culprit in (None, INCUMBENT, CONTROL) or res.timed_out and not res.stalled:
             out.crashed = f"{culprit}: {reason}" if culprit else reason
             break
         if culprit in go["labels"]:  # (else it died while built, and had failed the judge)
@@ -370,7 +374,7 @@ def summarize_pass(timed_pass: dict, incumbent: str = INCUMBENT, control: str = 
                      "host_us_per_call": statistics.median(host) if host else None,
                      "host_us_samples": host,
                      "fresh_ratio": shape.get("fresh_ratio", {}).get(label)}
-            if shape.get("floor_ms"):
+            if shape.get("floor_ms") and summary.median > 0:
                 entry["gbps"] = shape["bytes"] / summary.median / 1e6
                 entry["share_of_floor"] = shape["floor_ms"] / summary.median
                 if ceiling.get("copy_gbps"):

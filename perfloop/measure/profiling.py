@@ -58,8 +58,8 @@ def profile(s: Session, *, kernel_name: str | None = None, launch_skip: int = 0,
     started, t0 = time.time(), time.monotonic()
     work = s.work / f"profile-{phases.nonce()}"
     work.mkdir(parents=True, exist_ok=True)
-    folder = s.export_commit(st.incumbent, s.copies(work.name) / "incumbent")
-    contract = s.export_commit(st.base_commit, s.copies(work.name) / "contract")
+    folder = s.export_commit(st.incumbent, s.copies(work.name))
+    contract = s.pinned().contract
     knobs = json.loads(plainfile.read_text(folder / "knobs.json"))
     head = s.spec.headline
     mine = work / f"k-{phases.nonce()}"   # the profiled process's own folder
@@ -70,7 +70,8 @@ def profile(s: Session, *, kernel_name: str | None = None, launch_skip: int = 0,
                              "launches": 1, "out": str(mine / "target-done.json")})
     target = process.python(s.root, "perfloop.child.profile_target", str(target_spec))
     requested, unavailable = rules.requested(), []
-    env = kernel_env(phases.child_env(s.playbook_dir), mine, s.root, s.confinement())
+    env = kernel_env(phases.child_env(s.playbook_dir, s.playbook.rules.pass_env), mine, s.root,
+                     s.confinement(folder, contract), keep_capabilities=True)
     deadline = time.monotonic() + s.playbook.rules.iteration_timeout_s
     for attempt in range(TRIES):
         csv_log = work / f"ncu-{attempt}.csv"
@@ -78,7 +79,7 @@ def profile(s: Session, *, kernel_name: str | None = None, launch_skip: int = 0,
                           launch_count=launch_count, kernel_name=kernel_name)
         try:
             res = process.run(cmd, timeout_s=deadline - time.monotonic(),
-                              log=work / f"ncu-{attempt}.log", env=env, cwd=s.root)
+                              log=work / f"ncu-{attempt}.log", env=env, cwd=mine)
         finally:
             process.kill_strays()   # (what the profiled kernel code left running)
         text = _read(csv_log) + "\n" + _read(res.log)

@@ -11,6 +11,7 @@ work, write, or read what the timer does next.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import subprocess
@@ -33,6 +34,7 @@ class LauncherFailed(Exception):
 
 
 EXIT_GRACE_S = 10.0   # how long a launcher whose channel closed may take to exit
+CHANNEL_FDS = (100, 101)   # a launcher's ends of its pipes to the timer (read, write)
 
 
 class Forked:
@@ -83,12 +85,14 @@ def _timer_files() -> list[int]:
     return out
 
 
-def _become_launcher(root: Path, env: dict, log: Path, fds: tuple) -> None:
-    """In the forked child: a session of its own that dies with the timer, its log as stdout
-    and stderr, no pipe or file of the timer's open, its own environment, confined."""
+def _become_launcher(cwd: Path, env: dict, log: Path, fds: tuple) -> None:
+    """In the forked child: a session of its own that dies with the timer, working in its own
+    folder, its log as stdout and stderr, no pipe or file of the timer's open, its own
+    environment, confined."""
     os.setsid()
     spawn.die_with_parent(signal.SIGKILL)  # (it is stopped between its turns)
-    os.chdir(root)
+    spawn.set_dumpable(True)   # (the timer is not: its own /proc entries are closed to it)
+    os.chdir(cwd)
     null, out = os.open(os.devnull, os.O_RDONLY), os.open(log, os.O_WRONLY | os.O_CREAT
                                                          | os.O_APPEND, 0o644)
     os.dup2(null, 0)
@@ -100,11 +104,18 @@ def _become_launcher(root: Path, env: dict, log: Path, fds: tuple) -> None:
                 os.close(fd)
             except OSError:
                 pass
+    # its channel at the same descriptors in every launcher (the timer's numbers would tell
+    # the order they were forked in)
+    moved = [fcntl.fcntl(fd, fcntl.F_DUPFD, max(CHANNEL_FDS) + 1) for fd in fds]
+    for fd, fixed, temporary in zip(fds, CHANNEL_FDS, moved):
+        os.close(fd)
+        os.dup2(temporary, fixed)
+        os.close(temporary)
     os.environ.clear()
     os.environ.update(env)
     tempfile.tempdir = None  # (TMPDIR is the launcher's own now)
     sys.dont_write_bytecode = True
-    sys.argv = ["perfloop.child.launcher", *map(str, fds)]
+    sys.argv = ["perfloop.child.launcher", *map(str, CHANNEL_FDS)]
     from perfloop.core import sandbox
 
     confined = sandbox.apply_from_environ()
@@ -112,7 +123,7 @@ def _become_launcher(root: Path, env: dict, log: Path, fds: tuple) -> None:
         print(f"perfloop: confined: {confined}", flush=True)
 
 
-def fork_launcher(root: Path, env: dict, log: Path, fds: tuple) -> Forked:
+def fork_launcher(cwd: Path, env: dict, log: Path, fds: tuple) -> Forked:
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     with warnings.catch_warnings():  # (3.12 warns of the timer's lifeline thread: the child
@@ -122,10 +133,10 @@ def fork_launcher(root: Path, env: dict, log: Path, fds: tuple) -> Forked:
         return Forked(pid)
     code = 1
     try:
-        _become_launcher(root, env, log, fds)
+        _become_launcher(cwd, env, log, fds)
         from perfloop.child import launcher
 
-        code = launcher.main(*fds)
+        code = launcher.main(*CHANNEL_FDS)
     except SystemExit as exc:  # (kernel code may end its process this way)
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:
@@ -139,13 +150,13 @@ def fork_launcher(root: Path, env: dict, log: Path, fds: tuple) -> Forked:
 
 
 class Launcher:
-    def __init__(self, label: str, *, root: Path, env: dict, log: Path, reply_s: float):
-        """Forks the launcher; `configure` sends it its task."""
+    def __init__(self, label: str, *, cwd: Path, env: dict, log: Path, reply_s: float):
+        """Forks the launcher, working in `cwd`; `configure` sends it its task."""
         self.label, self.reply_s = label, reply_s
         down_r, down_w = os.pipe()   # timer -> launcher
         up_r, up_w = os.pipe()       # launcher -> timer
         self.log = open(log, "ab")
-        self.proc = fork_launcher(root, env, log, (down_r, up_w))
+        self.proc = fork_launcher(cwd, env, log, (down_r, up_w))
         os.close(down_r)
         os.close(up_w)
         self.channel = Channel(up_r, down_w)

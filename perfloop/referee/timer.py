@@ -62,6 +62,16 @@ MAX_PAD_US = 1_000_000.0
 WARM_MAX_BATCHES = 12
 MAX_SLOTS = 256
 SLOT_MEMORY_SHARE = 0.25   # of the GPU memory free when a shape starts
+# the launcher whose empty batches give the bracket's own time, subtracted from every batch
+# alike: it runs no variant's code, so no variant's turns tell it apart, and work a stopped
+# launcher keeps doing enters no variant's calibration (a candidate-only one once read 12.3 ms
+# for 0.25 while a stopped group worked in the kernel)
+BRACKET = "bracket"
+# a variant whose batches come out no longer than an empty batch this many times in a shape
+# is failed: no time can be measured for it (a clamp to zero once kept identical code as
+# "100% faster")
+EMPTY_LIMIT = 8
+CALIBRATIONS = 5
 
 
 
@@ -119,13 +129,24 @@ class Timer:
         self.device = getattr(self.contract, "DEVICE", "cuda")
         self.gpu = self.device == "cuda"
         self.simulated = getattr(self.contract, "simulated_ms", None)
-        checked = spec.get("checked", [v["label"] for v in spec["variants"][2:]])
-        self.unverified = {v["label"] for v in spec["variants"]
-                           if v["label"] not in checked or v.get("torch")}
+        # every variant of kernel code is checked alike, the incumbent and its control too:
+        # what a launch sees does not tell it its role (PyTorch's own launches are not)
+        self.unverified = {v["label"] for v in spec["variants"] if v.get("torch")}
         self.knobs = {v["label"]: {k: freeze(x) for k, x in v.get("knobs", {}).items()}
                       for v in spec["variants"]}
         self.clock = GpuClock() if self.gpu else WallClock()
+        # the timer's own limits, checked after every turn; every launcher runs kernel code
+        # from here on (they build side by side), so a change now cannot be laid at one's door
+        self.limits = scheduling.own_limits()
         self.launchers = self._start_launchers(spec["variants"], forked)
+        changed = scheduling.restore_own(self.sched, self.limits)
+        if changed:
+            raise LauncherFailed(BRACKET, f"the trusted timer's {changed[0]} changed while the "
+                                          "variants were built: nothing can be timed fairly")
+        if BRACKET not in self.launchers:
+            raise LauncherFailed(BRACKET, self.failed.get(BRACKET, {}).get(
+                "reason", "the timer's own empty launcher could not be built"))
+        self.empties: dict = {}   # (label, shape) -> batches no longer than an empty one
         self.buckets = {raw["name"]: raw.get("bucket") for raw in spec["shapes"]}
         self.runs_as: dict = {}  # shape -> the bucket it runs as (a hook's)
         # held-back shape -> its own bucket, where it runs as another: the record says both.
@@ -147,36 +168,42 @@ class Timer:
         self._per_round = 1 if self.gpu or self.simulated is not None else 3
 
     # ---- launchers ------------------------------------------------------------------------
-    def _launcher_env(self, v: dict, work: Path) -> dict:
-        """A launcher's folder (the only place it may write, with its variant's compile
-        cache) and environment (perfloop.core.sandbox)."""
-        folder = work / f"k-{os.urandom(4).hex()}"
-        folder.mkdir(parents=True)
+    def _launcher_env(self, v: dict, folder: Path) -> dict:
+        """A launcher's environment (perfloop.core.sandbox): it writes only its folder (with
+        its code's compile cache), and reads only the code it runs (its variant's export; the
+        contract for PyTorch's own launches), whatever its role."""
         conf = self.spec.get("confinement") or {}
-        confinement = Confinement(conf.get("mode", "off"), tuple(conf.get("reads", ())))
-        code = v.get("folder") or self.spec["contract_folder"]
-        shared = Path(self.spec.get("cache", work)) / code_digest(Path(code))
-        env = {**os.environ, "CUDA_TILE_CACHE_DIR": linked_cache(folder, shared)}
+        code = v.get("folder") or (self.spec["contract_folder"] if v.get("torch") else None)
+        env = dict(os.environ)
+        if code:
+            shared = Path(self.spec.get("cache", folder.parent)) / code_digest(Path(code))
+            env["CUDA_TILE_CACHE_DIR"] = linked_cache(folder, shared)
+        confinement = Confinement(conf.get("mode", "off"), (str(code),) if code else ())
         return kernel_env(env, folder, self.spec["root"], confinement)
 
     def _fork_launchers(self, variants: list[dict]) -> dict:
+        """One launcher per variant and the empty one, forked in a random order (an order
+        drawn from the system, not from a generator the launchers would inherit), each in a
+        folder of a random name with its log there: nothing of a launcher's process names
+        its role."""
         import torch  # noqa: F401 (each launcher starts with it imported)
 
-        out, work = {}, Path(self.spec["progress"]).parent
-        for v in variants:
-            label = v["label"]
-            out[label] = Launcher(label, root=Path(self.spec["root"]),
-                                  env=self._launcher_env(v, work),
-                                  log=work / f"{Path(self.spec['progress']).stem}-{label}.log",
-                                  reply_s=self.reply_s)
+        work = Path(self.spec["progress"]).parent
+        every = [*variants, {"label": BRACKET, "torch": None, "folder": None}]
+        out = {}
+        for v in random.SystemRandom().sample(every, len(every)):
+            folder = work / f"k-{os.urandom(6).hex()}"
+            folder.mkdir(parents=True)
+            out[v["label"]] = Launcher(v["label"], cwd=folder, env=self._launcher_env(v, folder),
+                                       log=folder / "launcher.log", reply_s=self.reply_s)
         return out
 
     def _start_launchers(self, variants: list[dict], out: dict) -> dict:
         setups = {}
-        for v in variants:
+        for v in [*variants, {"label": BRACKET, "empty": True}]:
             label = v["label"]
-            setup = {"label": label, "device": self.device,
-                     "kind": v.get("torch") or "kernel", "folder": v.get("folder"),
+            kind = "empty" if v.get("empty") else v.get("torch") or "kernel"
+            setup = {"device": self.device, "kind": kind, "folder": v.get("folder"),
                      "knobs": v.get("knobs", {}), "contract_folder": self.spec["contract_folder"]}
             if self.gpu:
                 events = (gpu_ipc.IpcEvent(), gpu_ipc.IpcEvent())
@@ -204,9 +231,10 @@ class Timer:
             launcher.kill()
 
     def _lost(self, exc: LauncherFailed) -> None:
-        """A launcher crashed, hung or raised: dropped; without the incumbent, nothing compares."""
+        """A launcher crashed, hung or raised: dropped; without the incumbent (or the empty
+        launcher that calibrates the bracket), nothing compares."""
         self.progress(exc.label, "failed", reason=exc.reason)
-        if exc.label in (INCUMBENT, CONTROL):
+        if exc.label in (INCUMBENT, CONTROL, BRACKET):
             raise exc
         self._fail(exc.label, exc.reason, Outcome.CRASH)
         launcher = self.launchers.pop(exc.label, None)
@@ -223,7 +251,7 @@ class Timer:
                        if label in self.launchers or label in self.failed]
         self.select = release.get("select", False)
         for label in list(self.launchers):
-            if label not in self.labels:
+            if label not in self.labels and label != BRACKET:
                 self.launchers.pop(label).kill()
         self._plan_replay(release.get("replay"))
 
@@ -267,7 +295,7 @@ class Timer:
             return
         copy = lambda: [outputs.clone(out) for _, out, _ in buffers]  # noqa: E731
         try:
-            launcher.ask({"op": "slots", "slots": buffers}, pickler=ForkingPickler.dumps)
+            self._ask(label, {"op": "slots", "slots": buffers}, pickler=ForkingPickler.dumps)
             mine = self._turn(label)
             for _, out, _ in buffers:
                 outputs.poison(out, self.rng)
@@ -276,7 +304,7 @@ class Timer:
             else:
                 batch = self.clock.batch(launcher, len(buffers), copy)
             self._after_turn(label, mine)
-            launcher.ask({"op": "slots", "slots": []})
+            self._ask(label, {"op": "slots", "slots": []})
         except LauncherFailed as exc:
             self._lost(LauncherFailed(label, f"{exc.reason} (replaying the judge's cases)"))
             return
@@ -311,7 +339,7 @@ class Timer:
         message = {"op": "slots", "slots": slots.buffers}
         for label in self._active(labels):
             try:
-                self.launchers[label].ask(message, pickler=ForkingPickler.dumps)
+                self._ask(label, message, pickler=ForkingPickler.dumps)
             except LauncherFailed as exc:
                 self._lost(exc)
 
@@ -338,21 +366,51 @@ class Timer:
         return groups
 
     def _turn(self, label: str) -> list[int]:
-        """Before a launcher's batch: strays killed, and its processes set back to the timer's
-        own scheduling (perfloop.referee.scheduling), which another launcher may have changed.
-        Returns its processes."""
+        """Before a launcher's batch: strays killed, every other launcher stopped for good (a
+        thread still working in the kernel is waited for), and its processes set back to the
+        timer's own scheduling (perfloop.referee.scheduling), which another launcher may have
+        changed. Returns its processes."""
         launcher = self.launchers[label]
-        mine = self._sweep().get(launcher.proc.pid) or [launcher.proc.pid]
+        groups = self._sweep()
+        self._others_stopped(groups, launcher.proc.pid)
+        mine = groups.get(launcher.proc.pid) or [launcher.proc.pid]
         failed = scheduling.reset(mine, self.sched)
         if failed:
             raise LauncherFailed(label, "its scheduling was changed and could not be set back "
                                         f"({failed[0]}): no batch of it can be timed fairly")
         return mine
 
+    def _others_stopped(self, groups: dict[int, list[int]], running: int) -> None:
+        """Wait until no thread of another launcher's group runs: a stopped process still
+        finishes the system call it is in (madvise over 1.5 GiB took seconds), beside the
+        next batch. A launcher that keeps working past the grace is dropped."""
+        others = {pid: pids for pid, pids in groups.items() if pid != running}
+        busy = scheduling.busy_until_stopped([p for pids in others.values() for p in pids],
+                                             scheduling.STOP_GRACE_S)
+        for label, launcher in list(self.launchers.items()):
+            if set(others.get(launcher.proc.pid, ())) & set(busy):
+                self._lost(LauncherFailed(label, "kept working while stopped (a thread in "
+                                                 "the kernel past its turn, "
+                                                 f"{scheduling.STOP_GRACE_S:.0f} s)"))
+
+    def _ask(self, label: str, message: dict, **how) -> dict:
+        """A launcher's task other than a timed batch (its slots, its first launch): a turn as
+        a batch is, since its process runs meanwhile."""
+        mine = self._turn(label)
+        answer = self.launchers[label].ask(message, **how)
+        self._after_turn(label, mine)
+        return answer
+
     def _after_turn(self, label: str, mine: list[int]) -> None:
+        """After a launcher's batch: it did not raise its own scheduling, and left the timer's
+        own (its priority, autogroup, CPUs, resource limits: any process of its user may
+        change them, and only this launcher ran) as they were, or set back here."""
         gained = scheduling.gained(mine, self.sched)
         if gained:
             raise LauncherFailed(label, f"changed its own scheduling while timed: {gained[0]}")
+        changed = scheduling.restore_own(self.sched, self.limits)
+        if changed:
+            raise LauncherFailed(label, f"changed the trusted timer's {changed[0]} while timed")
 
     def _batch(self, label: str, slots: Slots, n: int, check: bool, shape: Shape,
                round_index: int, checked: dict) -> float | None:
@@ -373,10 +431,24 @@ class Timer:
             self._after_turn(label, mine)
         if drawn:
             self._check(label, slots, drawn, batch.copies, shape, round_index, checked)
-        key = (shape.name, len(drawn))
         if self.simulated is not None:
-            return self._simulated(label, slots, shape, n)
-        return max(batch.ms - self.overhead.get(key, 0.0), 0.0) / max(n, 1)
+            ms = self._simulated(label, slots, shape, n) * n
+        else:
+            ms = batch.ms - self.overhead.get((shape.name, len(drawn)), 0.0)
+        if not ms > 0:   # (NaN too) no longer than an empty batch: timed again, or failed
+            self._empty(label, shape, batch.ms)
+            return None
+        return ms / max(n, 1)
+
+    def _empty(self, label: str, shape: Shape, ms: float) -> None:
+        key = (label, shape.name)
+        self.empties[key] = self.empties.get(key, 0) + 1
+        if self.empties[key] >= EMPTY_LIMIT:
+            raise LauncherFailed(label, f"its batches at {shape.name} took no longer than the "
+                                        f"timer's empty batch ({EMPTY_LIMIT} times, the last "
+                                        f"{ms:.4f} ms against "
+                                        f"{self._bracket_ms(shape):.4f} ms): no time can be "
+                                        "measured for it")
 
     def _simulated(self, label: str, slots: Slots, shape: Shape, n: int) -> float:
         """A test kernel's modelled time (kernel.py's simulated_ms): from its knobs in the
@@ -421,23 +493,27 @@ class Timer:
 
     def _calibrate(self, slots: Slots, shape: Shape, check: int) -> None:
         """The time of an empty batch (the bracket alone, `check` slots' outputs copied, as a
-        batch with that many checks copies them), subtracted from every batch at this shape."""
+        batch with that many checks copies them), subtracted from every variant's batches at
+        this shape alike. Timed with the empty launcher, never a variant's; the least of a few:
+        whatever else the machine does only ever adds to it."""
         if self.simulated is not None:
             return
-        key, samples, launcher = (shape.name, check), [], self.launchers[INCUMBENT]
+        key, samples, launcher = (shape.name, check), [], self.launchers[BRACKET]
         copy = lambda: slots.copy(range(check))  # noqa: E731
-        while len(samples) < 5:
-            self._turn(INCUMBENT)  # (an empty batch too: its time is taken off every batch)
+        while len(samples) < CALIBRATIONS:
+            mine = self._turn(BRACKET)
             if self.gpu:
                 pad = self.pads.setdefault(shape.name, 200.0)
                 batch = self.clock.batch(launcher, 0, copy, pad, self.reply_s)
+                self._after_turn(BRACKET, mine)
                 if batch.host_bound:
-                    self._longer_pad(INCUMBENT, shape, pad, batch.pad_needed_us)
+                    self._longer_pad(BRACKET, shape, pad, batch.pad_needed_us)
                     continue
             else:
                 batch = self.clock.batch(launcher, 0, copy)
+                self._after_turn(BRACKET, mine)
             samples.append(batch.ms)
-        self.overhead[key] = statistics.median(samples)
+        self.overhead[key] = min(samples)
 
     def _bucket(self, inputs, shape: Shape):
         """The bucket whose knobs the shape runs: the contract's bucket(inputs) where it has the
@@ -545,7 +621,7 @@ class Timer:
         """The launchers drop the shape's slots, and their memory goes back."""
         for label in self._active(labels):
             try:
-                self.launchers[label].ask({"op": "slots", "slots": []})
+                self._ask(label, {"op": "slots", "slots": []})
             except LauncherFailed as exc:
                 self._lost(exc)
         if self.gpu:
@@ -554,30 +630,47 @@ class Timer:
             torch.cuda.ipc_collect()
 
     def _warm_all(self, shape, labels, slots, settings) -> tuple[dict, dict]:
-        """Each launcher's first launch (compiling: untimed), then its warm-up: the typical
-        time of one launch, and the candidates that fell off a cliff."""
+        """The empty batch calibrated; then, in a random order, each launcher's first launch
+        (compiling: untimed) and its warm-up: the typical time of one launch, and the
+        candidates that fell off a cliff. A candidate past the cliff is warmed again right
+        after a fresh warm-up of the incumbent, and dropped only if it stays past it: one slow
+        moment of a busy machine, or an incumbent warmed in a lucky one, is no cliff (a busy
+        2-core machine once read fast math, 33% faster elsewhere, as 77.8x slower)."""
         estimates, cliffs = {}, {}
         cliff = getattr(settings, "cliff_ratio", None)
-        for label in self._active(labels):
+        for check in (0, 1):
+            self._calibrate(slots, shape, check)
+        active = self._active(labels)
+        for label in self.rng.sample(active, len(active)):
             try:
                 self.progress(label, "compile", shape=shape.name)
                 slots.refill(1, 0)
-                self.launchers[label].ask({"op": "prime"}, timeout_s=max(self.reply_s, 600))
-                if label == INCUMBENT:
-                    for check in (0, 1):
-                        self._calibrate(slots, shape, check)
+                self._ask(label, {"op": "prime"}, timeout_s=max(self.reply_s, 600))
                 self.progress(label, "time", shape=shape.name)
-                give_up = (cliff_bound(cliff, estimates.get(INCUMBENT, 0.0),
-                                       self._bracket_ms(shape))
-                           if label not in self.unverified else None)
-                estimates[label] = self._warm(label, slots, shape, settings, give_up)
-                if give_up is not None and estimates[label] > give_up:  # a slow start is no cliff
-                    estimates[label] = self._warm(label, slots, shape, settings, give_up)
-                if give_up is not None and estimates[label] > give_up:
+                estimates[label] = self._warm(label, slots, shape, settings,
+                                              self._give_up(label, estimates, shape, cliff))
+            except LauncherFailed as exc:
+                self._lost(exc)
+        for label in [x for x in active if x in estimates]:
+            bound = self._give_up(label, estimates, shape, cliff)
+            if bound is None or estimates[label] <= bound or label not in self._active([label]):
+                continue
+            try:
+                estimates[INCUMBENT] = self._warm(INCUMBENT, slots, shape, settings, None)
+                bound = self._give_up(label, estimates, shape, cliff)
+                estimates[label] = self._warm(label, slots, shape, settings, bound)
+                if bound is not None and estimates[label] > bound:
                     cliffs[label] = estimates.pop(label) / estimates[INCUMBENT]
             except LauncherFailed as exc:
                 self._lost(exc)
         return estimates, cliffs
+
+    def _give_up(self, label: str, estimates: dict, shape, ratio: float | None) -> float | None:
+        """The warm-up time past which `label` is a cliff (None: the incumbent, its control,
+        PyTorch's launches, or no incumbent warmed yet)."""
+        if label in (INCUMBENT, CONTROL) or label in self.unverified or INCUMBENT not in estimates:
+            return None
+        return cliff_bound(ratio, estimates[INCUMBENT], self._bracket_ms(shape))
 
     def _bracket_ms(self, shape) -> float:
         """The time of an empty batch at this shape (its calibrations' largest)."""
@@ -586,8 +679,9 @@ class Timer:
 
     def _rounds(self, shape, labels, slots, n, settings, checked) -> dict:
         rounds = {label: [] for label in labels}
+        first = self.rng.sample(labels, len(labels))   # (no role always goes first)
         for r in range(settings.rounds):
-            order = labels if r % 2 == 0 else list(reversed(labels))
+            order = first if r % 2 == 0 else list(reversed(first))
             for label in order:
                 if label not in self._active(labels):
                     continue
@@ -685,9 +779,12 @@ class Timer:
         return {**clock, **vars(self.settings), "reps_per_round": reps,
                 "batch": "each variant in a launcher process of its own; per round one batch "
                          "of N launches on N slots of inputs drawn afresh for the batch",
-                "order": "alternating, reversed every round",
-                "verified": f"{CHECKS_PER_BATCH} launches per batch, chosen at random, against "
-                            "the float64 reference computed by the trusted timer",
+                "order": "a random order per shape, reversed every round",
+                "verified": f"{CHECKS_PER_BATCH} launches per batch of every variant, chosen at "
+                            "random, against the float64 reference computed by the trusted "
+                            "timer",
+                "bracket": "the least of a few empty batches of a launcher that runs no "
+                           "variant's code, subtracted from every variant's batches alike",
                 "selection": "best candidate re-timed in fresh rounds" if passes > 1
                 else "single pass",
                 "replayed": dict(self.replayed),
@@ -776,6 +873,7 @@ PRELOAD = ("torch",)
 def main(spec_path: str) -> int:
     guard_parent()
     spawn.become_subreaper()  # a launcher's daemons come back here, and die with the timer
+    spawn.set_dumpable(False)  # its memory (the draws to come) and environment closed to them
     if not Path(spec_path).exists() and not wait_for_task(Path(spec_path), PRELOAD):
         return 3  # started ahead for an experiment that never came
     raw = Path(spec_path).read_bytes()

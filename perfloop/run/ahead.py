@@ -14,10 +14,10 @@ def start(s: Session) -> None:
     rules = s.playbook.rules  # (the run's pinned rules, once it has a state)
     if not (s.ahead and rules.start_ahead and s.spec.requires_gpu):
         return
-    env = phases.child_env(s.playbook_dir)
+    env = phases.child_env(s.playbook_dir, s.playbook.rules.pass_env)
     if s.judges is None:
         s.judges = judge.start_judges(
-            s.root / s.spec.judge_rel, cwd=s.root, work=s.work / "ahead", env=env,
+            s.pinned(), root=s.root, work=s.work / "ahead", env=env,
             processes=judge.processes_for(rules.judge_processes), confinement=s.confinement(),
             # the next candidates' code is the working tree's (a catalog step's, a baseline's)
             cache=s.compile_cache, code_folder=s.spec.folder)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 
 from perfloop.core import progress, workload
-from perfloop.core.vocab import INCUMBENT
+from perfloop.core.vocab import CONTROL, INCUMBENT
 from perfloop.measure import phases
 from perfloop.store import records
 from perfloop.store.session import Session
@@ -44,19 +44,21 @@ def measure(s: Session) -> dict:
     else:
         work = s.work / f"confirm-{phases.nonce()}"
         work.mkdir(parents=True, exist_ok=True)
-        base_dir = s.export_commit(st.base_commit, s.copies(work.name) / "baseline")
-        final_dir = s.export_commit(st.incumbent, s.copies(work.name) / "final")
+        # each from an export of its commit, of one shape: none tells which it is
+        code = s.copies(work.name)
+        base_dir, again_dir, final_dir = (s.export_commit(sha, code) for sha in (
+            st.base_commit, st.base_commit, st.incumbent))
         base = {"label": INCUMBENT, "folder": base_dir, "knobs": s.spec.read_knobs(base_dir)}
-        variants = [base, {**base, "label": "incumbent-again"},
+        variants = [base, {**base, "label": CONTROL, "folder": again_dir},
                     {"label": FINAL, "folder": final_dir, "knobs": s.spec.read_knobs(final_dir)}]
         rules = s.playbook.rules
         timing = phases.time_variants(
-            variants, workload.timed(s.spec), rules, contract=base_dir,
+            variants, workload.timed(s.spec), rules, contract=s.pinned().contract,
             tolerance=s.spec.tolerance, headline=s.spec.headline.name,
             ceilings_cache=s.ceilings_cache, work=work,
             confinement=s.confinement(), cache=s.compile_cache,
             deadline=time.monotonic() + rules.iteration_timeout_s, cwd=s.root,
-            env=phases.child_env(s.playbook_dir), checked=[FINAL])
+            env=phases.child_env(s.playbook_dir, s.playbook.rules.pass_env))
         failed = (timing.raw.get("failed") or {}) if not timing.crashed else {}
         if timing.crashed or failed or timing.excluded:
             why = timing.crashed or "; ".join(
@@ -72,10 +74,14 @@ def measure(s: Session) -> dict:
     return record
 
 
+def _inverse(x: float) -> float | None:
+    return 1 / x if x > 0 else None   # (NaN or no time: no speedup to quote)
+
+
 def _speedup(shape: dict) -> dict:
     c = shape["vs_incumbent"][FINAL]
     return {"ratio": c["ratio"], "ci_low": c["ci_low"], "ci_high": c["ci_high"],
-            "noise": c["noise"], "speedup": 1 / c["ratio"],
-            "speedup_ci": [1 / c["ci_high"], 1 / c["ci_low"]],
+            "noise": c["noise"], "speedup": _inverse(c["ratio"]),
+            "speedup_ci": [_inverse(c["ci_high"]), _inverse(c["ci_low"])],
             "baseline_ms": shape["variants"][INCUMBENT]["median_ms"],
             "final_ms": shape["variants"][FINAL]["median_ms"]}

@@ -12,6 +12,7 @@ without it the experiment is set aside under a ref and redone.
 
 from __future__ import annotations
 
+import random
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -19,7 +20,8 @@ from pathlib import Path
 from perfloop.core import dispatch_table as dispatch
 from perfloop.core import naming, plainfile, progress, workload
 from perfloop.core.faults import crashpoint
-from perfloop.core.kernel import KNOBS, knobs_text
+from perfloop.core.errors import EnvironmentFailure
+from perfloop.core.kernel import KNOBS, knobs_text, parse_knobs
 from perfloop.core.playbook import thaw
 from perfloop.core.vocab import (
     CONTROL,
@@ -39,7 +41,7 @@ from perfloop.run.outcomes import (
     void_if_foreign,
     with_finalists,
 )
-from perfloop.store import gitops, records
+from perfloop.store import gitops, records, snapshot
 from perfloop.store.session import Session
 
 
@@ -63,7 +65,13 @@ class Trial:
     phase_s: dict = field(default_factory=dict)
     incumbent_dir: Path | None = None
     contract_dir: Path | None = None
+    pinned: object = None                            # the run's pinned tree (store.pinned)
     incumbent_knobs: dict = field(default_factory=dict)
+    incumbent_files: dict = field(default_factory=dict)  # its folder as committed (snapshot)
+    candidate_files: dict | None = None              # an agent's edit, as committed
+    exported: dict = field(default_factory=dict)     # label -> the files its export holds
+    control: dict | None = None                      # the incumbent's A/A control
+    drift: list = field(default_factory=list)        # files of the folder edited mid-step
     variants: list = field(default_factory=list)     # the incumbent first, then candidates
     candidates: list = field(default_factory=list)   # still in the running
     proposed: list = field(default_factory=list)     # every candidate proposed
@@ -88,10 +96,11 @@ class Trial:
 
     @property
     def allowed(self) -> list:
-        """What children may import from inside the repository: the kernel folder, the
-        exported code, and the iteration's work folder, where torch.compile and Triton write
-        the modules they then import (each child's own cache)."""
-        return [self.s.spec.folder, self.work, self.s.copies(self.tag)]
+        """What children may import from inside the repository: the exported code, the run's
+        pinned tree, and the iteration's work folder, where torch.compile and Triton write
+        the modules they then import (each child's own cache). Not the kernel folder: what
+        runs is the commit, never the working tree."""
+        return [self.work, self.s.copies(self.tag), self.pinned.root]
 
     @property
     def dispatching(self) -> bool:
@@ -141,7 +150,8 @@ def run(s: Session, proposal: Proposal) -> records.Experiment:
 
 
 def begin(s: Session, proposal: Proposal) -> Trial:
-    """The in-flight marker, an agent's edits committed, and the pinned copies exported."""
+    """The in-flight marker, an agent's edits read once and committed as they are, and the
+    pinned tree checked."""
     iteration, started, t0 = len(s.records()), time.time(), time.monotonic()
     tag = f"iter-{iteration:02d}-{phases.nonce()}"
     trial = Trial(s, proposal, iteration, tag, s.work / tag, started, t0,
@@ -149,41 +159,76 @@ def begin(s: Session, proposal: Proposal) -> Trial:
     s.state.in_flight = {"iteration": iteration, **proposal.to_json(), "commit": None,
                          "message": None, "knobs_sha256": None, "tag": tag, "started_at": started}
     s.save_state()
+    trial.incumbent_files = snapshot.from_commit(s.repo, s.state.incumbent, s.folder_rel)
     if proposal.kind == Kind.AGENT:
         t = time.monotonic()
-        _commit(s, _commit_message(trial, None))
+        trial.candidate_files = snapshot.from_worktree(s.repo, s.root, s.folder_rel)
+        _commit(s, _commit_message(trial, None), trial.candidate_files)
         trial.phase_s["commit"] = phases.elapsed(t)
     crashpoint("started", iteration)
     trial.work.mkdir(parents=True, exist_ok=True)
-    trial.incumbent_dir = s.export_commit(s.state.incumbent, s.copies(tag) / "incumbent")
-    trial.contract_dir = s.export_commit(s.state.base_commit, s.copies(tag) / "contract")
-    trial.incumbent_knobs = s.spec.read_knobs(trial.incumbent_dir)
+    trial.pinned = s.pinned(fresh=True)
+    trial.contract_dir = trial.pinned.contract
+    trial.incumbent_knobs = _knobs_of(s, trial.incumbent_files, s.state.incumbent)
     return trial
 
 
+def _knobs_of(s: Session, files: dict, where: str) -> dict:
+    """The knobs a folder's files commit (its knobs.json, as committed)."""
+    data = files.get(KNOBS, (0, b""))[1]
+    return parse_knobs(data.decode("utf-8", "replace"),
+                       f"{s.folder_rel}/{KNOBS} at {where[:12] if where else 'the edit'}")
+
+
 def propose_variants(t: Trial) -> None:
-    """The incumbent (from its commit) and each candidate (in the working tree)."""
+    """The incumbent, its A/A control and each candidate, each from an export of the files it
+    commits (perfloop.store.snapshot), written in a random order at folders of one shape: no
+    path, name or time of writing tells a variant which role it plays."""
     s, proposal = t.s, t.proposal
-    incumbent = {"label": INCUMBENT, "folder": t.incumbent_dir, "knobs": t.incumbent_knobs}
-    if t.kind == Kind.BASELINE:
-        candidates = [incumbent]
-    elif t.kind == Kind.AGENT:
-        candidates = [{"label": label_for(0), "folder": s.spec.folder,
-                       "knobs": s.spec.read_knobs()}]
-    else:
+    jobs = [(INCUMBENT, t.incumbent_files), (CONTROL, t.incumbent_files)]
+    if t.kind == Kind.AGENT:
+        jobs.append((label_for(0), t.candidate_files))
+        values = [None]
+    elif t.kind == Kind.PLAYBOOK:
         from perfloop.plan import search
         opt, recs = proposal.optimization, [r.to_dict() for r in s.records()]
         # a joint search's patch holds where the headline runs; a catalog entry's everywhere
         bucket = (search.headline_bucket(recs, s.spec.headline.name)
                   if opt.knob == naming.MULTI and not opt.knobs else None)
         measured = search.measured_buckets(recs, s.spec.headline.name)
-        candidates = [{"label": label_for(i), "folder": s.spec.folder,
-                       "knobs": _with_measured(_knobs_with(t.incumbent_knobs, opt, v,
-                                                           bucket), measured)}
-                      for i, v in enumerate(proposal.values)]
+        values = list(proposal.values)
+        for i, v in enumerate(values):
+            knobs = _with_measured(_knobs_with(t.incumbent_knobs, opt, v, bucket), measured)
+            jobs.append((label_for(i), snapshot.with_file(t.incumbent_files, KNOBS,
+                                                          knobs_text(knobs))))
+    folders = {}
+    for label, files in random.sample(jobs, len(jobs)):
+        folders[label] = snapshot.export(files, s.copies(t.tag), s.folder_rel)
+    t.exported = dict(jobs)
+    incumbent = {"label": INCUMBENT, "folder": folders[INCUMBENT], "knobs": t.incumbent_knobs}
+    t.incumbent_dir = folders[INCUMBENT]
+    t.control = {"label": CONTROL, "folder": folders[CONTROL], "knobs": t.incumbent_knobs}
+    if t.kind == Kind.AGENT:
+        _require_exported(s, t.candidate_files, folders[label_for(0)])
+    candidates = [incumbent] if t.kind == Kind.BASELINE else [
+        {"label": label, "folder": folders[label],
+         "knobs": _knobs_of(s, files, "" if t.kind == Kind.AGENT else s.state.incumbent)}
+        for label, files in jobs[2:]]
     t.variants = [incumbent] + ([] if t.kind == Kind.BASELINE else candidates)
     t.candidates, t.proposed = list(candidates), list(candidates)
-    t.values = dict(zip((v["label"] for v in candidates), proposal.values))
+    t.values = dict(zip((v["label"] for v in candidates), proposal.values)) \
+        if t.kind == Kind.PLAYBOOK else {}
+
+
+def _require_exported(s: Session, files: dict, folder: Path) -> None:
+    """The agent's commit holds, byte for byte, the files its export runs."""
+    committed = snapshot.from_commit(s.repo, s.state.in_flight["commit"], s.folder_rel)
+    if committed != files or snapshot.read_back(folder) != files:
+        raise EnvironmentFailure(f"commit {s.state.in_flight['commit'][:12]} does not hold the "
+                                 f"files perfloop read from {s.folder_rel}/ and exported: git's "
+                                 "object store or the sandbox folder was changed meanwhile; "
+                                 "`perfloop step --resume` runs the experiment again",
+                                 during=True)
 
 
 def _with_measured(knobs: dict, measured: list[str]) -> dict:
@@ -221,7 +266,7 @@ def screen(t: Trial) -> None:
 def judge_and_time(t: Trial) -> None:
     """The timer starts (and builds) while the judge runs; it times what passed."""
     s = t.s
-    env = phases.child_env(s.playbook_dir)
+    env = phases.child_env(s.playbook_dir, s.playbook.rules.pass_env)
     timer = _start_timer(t, env)
     warmers = phases.start_warmers(
         _timed_variants(t, control=False), t.timed_shapes,
@@ -236,14 +281,40 @@ def judge_and_time(t: Trial) -> None:
     else:
         phases.abandon(timer)
     if s.perfloop_changed():  # (where no sandbox kept kernel code from perfloop's files)
-        t.outcome = dict.fromkeys(t.outcome, (Outcome.FAIL, "perfloop's own source files "
-                                              "changed while kernel code ran"))
-        t.passes, t.best = [], None
+        _fail_all(t, "perfloop's own source files changed while kernel code ran")
+    _check_drift(t)
+
+
+def _fail_all(t: Trial, why: str) -> None:
+    t.outcome = dict.fromkeys(t.outcome, (Outcome.FAIL, why))
+    t.passes, t.best = [], None
+
+
+def _check_drift(t: Trial) -> None:
+    """What ran is the commit, whatever the working tree says; but an edit to the kernel folder
+    made while the step ran is refused, not raced: nothing is kept, and perfloop leaves the
+    edit where it is (perfloop.run.finish)."""
+    s = t.s
+    expected = t.candidate_files if t.kind == Kind.AGENT else t.incumbent_files
+    live = snapshot.from_worktree(s.repo, s.root, s.folder_rel)
+    t.drift = sorted(p for p in set(live) | set(expected) if live.get(p) != expected.get(p))
+    changed = [v["label"] for v in t.proposed + [t.variants[0], t.control]
+               if snapshot.read_back(v["folder"]) != t.exported[v["label"]]]
+    if changed:   # (children cannot write there: a process of the user's did, unconfined)
+        _fail_all(t, f"the exported code of {', '.join(changed)} changed while it ran: what "
+                     "ran is not known to be the commit")
+        return
+    if t.drift:
+        what = "baseline" if t.kind == Kind.BASELINE else "step"
+        _fail_all(t, f"{s.folder_rel}/ was edited while the {what} ran "
+                     f"({gitops.listing(t.drift)}): what was judged and timed is the commit, "
+                     f"but a {what} counts only on a folder nobody edits meanwhile; the edit "
+                     "is left as it is, uncommitted")
 
 
 def _timed_variants(t: Trial, control: bool = True) -> list:
     """The incumbent, its A/A control, then the candidates (none for a baseline)."""
-    head = [t.variants[0]] + ([dict(t.variants[0], label=CONTROL)] if control else [])
+    head = [t.variants[0]] + ([t.control] if control else [])
     return head + (t.candidates if t.kind != Kind.BASELINE else [])
 
 
@@ -260,7 +331,7 @@ def _start_timer(t: Trial, env: dict):
         ceilings_cache=s.ceilings_cache, work=t.work, cwd=s.root, env=env,
         confinement=s.confinement(), cache=s.compile_cache,
         only_buckets=_touched_buckets(t), always=[s.spec.headline.name, *_tuned(t)],
-        checked=[INCUMBENT] if t.kind == Kind.BASELINE else None, ahead=waiting,
+        ahead=waiting,
         held_back_if_gain=True)
 
 
@@ -274,11 +345,11 @@ def _judge(t: Trial, env: dict, timer, warmers: list) -> None:
     extra = [v for vs in finalists.values() for v in vs]
     try:
         judged = judge.judge(
-            s.root / s.state.judge, t.candidates + extra, cwd=s.root, work=t.work,
+            t.pinned, t.candidates + extra, root=s.root, work=t.work,
             deadline=t.deadline, stall_s=t.rules.stall_timeout_s, env=env,
             processes=judge.processes_for(t.rules.judge_processes),
             share_cases=s.spec.requires_gpu,  # its cases compile
-            contract={"folder": str(s.spec.folder), "copy": str(t.contract_dir)}, pool=pool,
+            replay_only=[t.variants[0], t.control], pool=pool,
             confinement=s.confinement(), cache=s.compile_cache
         ) if t.candidates else judge.JudgeResult(detail="none left to judge")
     except BaseException:  # Ctrl-C while judging: the waiting worker goes too
@@ -390,7 +461,7 @@ def committed_knobs(t: Trial, verdict: decide.Verdict) -> dict:
 
 def commit_trial(t: Trial, verdict: decide.Verdict) -> str:
     """The experiment's commit, whatever its outcome: the chosen candidate's knobs.json (a
-    dispatch change kept in some buckets: in those only)."""
+    dispatch change kept in some buckets: in those only), on the incumbent's other files."""
     s, start = t.s, time.monotonic()
     if t.kind == Kind.BASELINE:
         commit = s.state.incumbent
@@ -400,9 +471,11 @@ def commit_trial(t: Trial, verdict: decide.Verdict) -> str:
         text = knobs_text(committed_knobs(t, verdict))
         s.state.in_flight["knobs_sha256"] = knobs_digest(text)
         s.save_state()
-        (s.spec.folder / KNOBS).write_text(text, encoding="utf-8")
+        if not t.drift:   # the working tree follows the commit; an edit made meanwhile stays
+            (s.spec.folder / KNOBS).write_text(text, encoding="utf-8")
         commit = _commit(s, _commit_message(t, t.values.get(_chosen(t)["label"]),
-                                            verdict.dropped_buckets))
+                                            verdict.dropped_buckets),
+                         snapshot.with_file(t.incumbent_files, KNOBS, text))
     t.phase_s["commit"] = t.phase_s.get("commit", 0) + phases.elapsed(start)
     crashpoint("commit", t.iteration)
     return commit
@@ -420,11 +493,12 @@ def _commit_message(t: Trial, value, dropped: tuple = ()) -> str:
     return f"{head}{opt.id} ({naming.setting(opt.knob, thaw(value))})"
 
 
-def _commit(s: Session, message: str) -> str:
-    """Announce the commit in the marker first, so recovery can tell it is perfloop's."""
+def _commit(s: Session, message: str, files: dict) -> str:
+    """Commit exactly `files` as the kernel folder. Announce the commit in the marker first, so
+    recovery can tell it is perfloop's."""
     s.state.in_flight["message"] = message
     s.save_state()
-    sha = gitops.commit_folder(s.repo, s.folder_rel, message)
+    sha = gitops.commit_files(s.repo, s.folder_rel, files, message)
     s.state.in_flight["commit"] = sha
     s.save_state()
     return sha
@@ -434,7 +508,7 @@ def record_trial(t: Trial, verdict: decide.Verdict, commit: str) -> records.Expe
     """The record line, written: the point of no return."""
     s, summary, chosen = t.s, _summary(t), _chosen(t)
     knob = t.proposal.optimization.knob if t.proposal.optimization else None
-    knobs = committed_knobs(t, verdict)
+    knobs = _knobs_of(s, snapshot.from_commit(s.repo, commit, s.folder_rel), commit)
     value = t.values.get(chosen["label"])
     if verdict.dropped_buckets:  # the table committed, and the headline where it runs
         value = knobs.get(dispatch.KEY, {})

@@ -11,7 +11,7 @@ from perfloop.core import naming, roofline, traffic
 from perfloop.core.faults import crashpoint
 from perfloop.core.vocab import Kind, Status
 from perfloop.plan import decide
-from perfloop.store import gitops, records, table
+from perfloop.store import gitops, records, snapshot, table
 from perfloop.store.session import Session
 
 
@@ -29,7 +29,10 @@ def finish(s: Session, record: records.Experiment) -> None:
         if record.kind == Kind.BASELINE:
             _classify(s, record)
     elif gitops.head(s.repo) != state.incumbent:
-        gitops.move_branch_to(s.repo, state.incumbent, s.folder_rel)
+        # the working tree follows where it holds just the commit set aside: an edit made
+        # while the step ran is left as it is, uncommitted
+        ours = snapshot.matches(s.repo, gitops.head(s.repo), s.folder_rel)
+        gitops.move_branch_to(s.repo, state.incumbent, s.folder_rel, worktree=ours)
     crashpoint("git", record.iteration)
     if len(table.read_rows(s.table_path)) == record.iteration:
         table.append_row(s.table_path, table.format_row(

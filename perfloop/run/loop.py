@@ -90,11 +90,14 @@ def start(s: Session, new: bool = False) -> tuple[records.Experiment, str | None
     existing, aside = _require_startable(s, new)
     seed = workload.choose_seed(s.spec.workload)  # the held-out shapes', recorded in the state
     # the benchmark's traffic() is read by the timing process; a wrong one is refused here,
-    # in one line, before a branch or a record is written
-    traffic.check(kernel.import_module(s.spec.folder, f"contract_{s.spec.name}"), s.spec,
+    # in one line, before a branch or a record is written. Read from the commit the run
+    # starts on, as every experiment reads the contract (perfloop.store.pinned)
+    contract = s.pinned(base=aside.base).contract
+    traffic.check(kernel.import_module(contract, f"contract_{s.spec.name}"), s.spec,
                   workload.held_out(s.spec, seed))
-    planner.check_space(s.playbook.optimizations, s.spec.read_knobs(), s.spec.candidates,
-                        knobspace.space_for(s.spec.folder))  # (likewise canonical(), restrict())
+    planner.check_space(s.playbook.optimizations, s.spec.read_knobs(contract),
+                        s.spec.candidates,
+                        knobspace.space_for(contract))  # (likewise canonical(), restrict())
     previous = gitops.current_branch(s.repo)
     if existing is not None:
         recovery.set_aside(s, aside)

@@ -16,7 +16,7 @@ def view(s: Session) -> RunView:
     profile = s.profile()
     return RunView(records=tuple(s.records()), knobs=s.incumbent_knobs(),
                    incumbent=s.state.incumbent, kernel_class=s.state.kernel_class, spec=s.spec,
-                   playbook=s.playbook, space=knobspace.space_for(s.spec.folder),
+                   playbook=s.playbook, space=knobspace.space_for(s.pinned().contract),
                    profile=profile,
                    profile_rules=profile_rank.load(s.playbook_dir) if profile else None)
 

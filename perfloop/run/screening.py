@@ -7,7 +7,7 @@ import dataclasses
 import time
 
 from perfloop.core import workload
-from perfloop.core.vocab import CONTROL, Outcome
+from perfloop.core.vocab import Outcome
 from perfloop.measure import phases
 
 
@@ -17,7 +17,7 @@ def timed(trial):
     outputs checked as always; returns the timing (perfloop.measure.phases.Timing)."""
     s, variants, head, work = trial.s, trial.variants, trial.choosing, trial.work
     contract_dir, deadline = trial.contract_dir, trial.deadline
-    env = phases.child_env(s.playbook_dir)
+    env = phases.child_env(s.playbook_dir, s.playbook.rules.pass_env)
     shapes = workload.timed(s.spec, [head])
     rules = s.playbook.rules
     quick = dataclasses.replace(rules, measure=dataclasses.replace(
@@ -35,7 +35,7 @@ def timed(trial):
             min(deadline, time.monotonic() + rules.stall_timeout_s))
         trial.phase_s["screen_compile"] = phases.elapsed(t)
     timing = phases.time_variants(
-        [variants[0], dict(variants[0], label=CONTROL)] + variants[1:], shapes, quick,
+        [variants[0], trial.control] + variants[1:], shapes, quick,
         deadline=deadline, cliffs=True, contract=contract_dir, tolerance=s.spec.tolerance,
         headline=head.name, ceilings_cache=s.ceilings_cache, work=work, cwd=s.root, env=env,
         confinement=s.confinement(), cache=s.compile_cache)

@@ -18,8 +18,6 @@ from __future__ import annotations
 import functools
 import io
 import os
-import shutil
-import tarfile
 import tempfile
 from pathlib import Path
 
@@ -27,6 +25,7 @@ from pathlib import Path
 # command fails instead, and _Git says so in one line
 os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
 import git  # noqa: E402
+from gitdb.base import IStream  # noqa: E402
 
 from perfloop.core.errors import EnvironmentFailure, UserError  # noqa: E402
 from perfloop.core import spawn
@@ -79,6 +78,9 @@ class _Repo(git.Repo):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.git.set_persistent_git_options(c=NO_HOOKS)
+        # a replace ref would make an object read as another: what perfloop exports, runs and
+        # records is each commit's own blobs
+        self.git.update_environment(GIT_NO_REPLACE_OBJECTS="1")
 
 
 def find_repo(path: Path) -> git.Repo:
@@ -269,7 +271,7 @@ def tracked(repo: git.Repo, paths: list[str]) -> set[str]:
     return {p for p in repo.git.ls_files("-z", "--", *paths).split("\0") if p}
 
 
-def _identity_env(repo: git.Repo) -> dict:
+def identity_env(repo: git.Repo) -> dict:
     """Commit even where no user.name/email is configured (CI), without changing config."""
     reader = repo.config_reader()
     env = {}
@@ -280,13 +282,47 @@ def _identity_env(repo: git.Repo) -> dict:
     return env
 
 
+def _blob(repo: git.Repo, data: bytes) -> str:
+    """Store `data` as a blob, as it is (no filter)."""
+    sha = repo.odb.store(IStream(b"blob", len(data), io.BytesIO(data))).hexsha
+    return sha.decode("ascii") if isinstance(sha, bytes) else sha
+
+
 @writes
-def commit_folder(repo: git.Repo, folder_rel: str, message: str) -> str:
-    """Commit the folder's changes only, whatever else is staged or modified."""
-    repo.git.add("-A", "--", folder_rel)
-    env = {**os.environ, **_identity_env(repo)}
-    repo.git.commit("--no-verify", "-m", message, "--", folder_rel, env=env)  # (and no hook)
-    sha = head(repo)
+def commit_files(repo: git.Repo, folder_rel: str, files: dict, message: str) -> str:
+    """Commit exactly `files` ({path in the folder: (git mode, bytes)}: perfloop.store.
+    snapshot.Files) as the folder, on top of HEAD, on the current branch; everything else as
+    in HEAD, nothing else of the index or the working tree changed. The blobs are written from
+    the bytes (no clean filter or attribute applies), the tree through a temporary index, the
+    commit with commit-tree (no hook runs). The index's entries for the folder follow before
+    the branch moves: a kill in between leaves a staged change, never a commit whose files
+    the working tree lacks."""
+    parent, branch = head(repo), current_branch(repo)
+    prefix = f"{folder_rel}/" if folder_rel not in ("", ".") else ""
+    entries = {f"{prefix}{rel}": (mode, _blob(repo, data)) for rel, (mode, data) in files.items()}
+    before = repo.git.ls_tree("-r", "-z", "--name-only", parent, "--", folder_rel or ".")
+    gone = [p for p in before.split("\0") if p and p not in entries]
+    env = identity_env(repo)
+    fd, index = tempfile.mkstemp(prefix="perfloop-index-")
+    os.close(fd)
+    os.unlink(index)   # (git makes it)
+    try:
+        tmp = {**env, "GIT_INDEX_FILE": index}
+        repo.git.read_tree(parent, env=tmp)
+        if gone:
+            repo.git.update_index("--force-remove", "--", *gone, env=tmp)
+        if entries:
+            repo.git.update_index("--add", *(arg for path, (mode, sha) in sorted(entries.items())
+                                             for arg in ("--cacheinfo", f"{mode:o},{sha},{path}")),
+                                  env=tmp)
+        tree = repo.git.write_tree(env=tmp)
+    finally:
+        if os.path.exists(index):
+            os.unlink(index)
+    sha = repo.git.commit_tree(tree, "-p", parent, "-m", message, env=env)
+    repo.git.reset("-q", sha, "--", folder_rel or ".")   # the index's entries for the folder
+    repo.git.update_ref("-m", f"perfloop: {message.splitlines()[0][:60]}", f"refs/heads/{branch}",
+                        sha, parent)
     crashpoint("committed")  # a kill right after a commit, before anyone recorded it
     return sha
 
@@ -302,10 +338,13 @@ def delete_ref(repo: git.Repo, name: str) -> None:
 
 
 @writes
-def move_branch_to(repo: git.Repo, sha: str, folder_rel: str) -> None:
-    """Point the current branch at `sha` and make the folder match it; nothing else changes."""
+def move_branch_to(repo: git.Repo, sha: str, folder_rel: str, worktree: bool = True) -> None:
+    """Point the current branch at `sha` and the folder's index entries at its files, and with
+    `worktree` its working tree too (the caller knows it holds only what perfloop wrote:
+    perfloop.store.snapshot.matches); nothing else changes."""
     repo.git.reset("--soft", sha)
-    repo.git.restore(f"--source={sha}", "--staged", "--worktree", "--", folder_rel)
+    where = ("--staged", "--worktree") if worktree else ("--staged",)
+    repo.git.restore(f"--source={sha}", *where, "--", folder_rel)
 
 
 @writes
@@ -318,19 +357,3 @@ def restore_worktree(repo: git.Repo, sha: str, folder_rel: str) -> None:
     """The folder's files as in commit `sha`, the index left alone: they show as uncommitted
     changes (an agent's edits, given back after their commit was set aside)."""
     repo.git.restore(f"--source={sha}", "--worktree", "--", folder_rel)
-
-
-def export_folder(repo: git.Repo, sha: str, folder_rel: str, dest: Path) -> Path:
-    """Write the folder as it is in commit `sha` under dest; returns the folder's copy."""
-    target = dest / Path(folder_rel).name
-    buf = io.BytesIO()
-    repo.archive(buf, treeish=sha, path=folder_rel, format="tar")
-    buf.seek(0)
-    dest.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=dest, prefix=".export-"))
-    with tarfile.open(fileobj=buf) as tar:
-        tar.extractall(staging, filter="data")
-    shutil.rmtree(target, ignore_errors=True)  # a copy left half-written by a kill
-    (staging / folder_rel).rename(target)
-    shutil.rmtree(staging)
-    return target

@@ -16,7 +16,7 @@ from perfloop.core import kernel, manifest, naming, plainfile, playbook
 from perfloop.core.atomic import write_json
 from perfloop.core.errors import CorruptRecord, EnvironmentFailure, NeedsGPU, UserError
 from perfloop.core.vocab import Kind, Stop, StopReason
-from perfloop.store import gitops, lock, pins, preflight, records, table
+from perfloop.store import gitops, lock, pinned, pins, preflight, records, snapshot, table
 
 STATE_SCHEMA = 3
 # Schema 2 kept a stop as its words alone; it loads unchanged, each stop's reason read from the
@@ -166,6 +166,7 @@ class Session:
         self.compile_cache = self.sandbox / "cache"
         self.ceilings_cache = self.root / "sandbox" / "device_ceilings.json"
         self._state: State | None = None
+        self._pinned: dict = {}      # base commit -> its pinned tree, written by this process
         self.judges = None          # judge processes started ahead (judge.JudgePool)
         self.timer = None           # a timing worker started ahead (phases.start_timer_ahead)
         self.ahead = False          # set by a caller that runs experiments one after another
@@ -217,12 +218,13 @@ class Session:
                                    f"{rel} at {commit[:12]}")
 
     # ---- children ------------------------------------------------------------------------
-    def confinement(self):
-        """How this run's children that run kernel code are confined (perfloop.core.sandbox)."""
+    def confinement(self, *reads):
+        """How this run's children that run kernel code are confined (perfloop.core.sandbox):
+        they may read `reads`, by default the run's pinned tree and the exported code."""
         from perfloop.core.sandbox import confinement_for
 
-        return confinement_for(self.playbook.rules.confine, self.spec.folder,
-                               self.root / self.spec.judge_rel, self.work / COPIES)
+        return confinement_for(self.playbook.rules.confine,
+                               *(reads or (self.pinned().root, self.work / COPIES)))
 
     # ---- state and records -------------------------------------------------------------
     @property
@@ -450,8 +452,24 @@ class Session:
                             "changed); remove or commit it outside a run")
 
     # ---- derived views -----------------------------------------------------------------
-    def export_commit(self, sha: str, dest: Path) -> Path:
-        return gitops.export_folder(self.repo, sha, self.folder_rel, dest)
+    def export_commit(self, sha: str, parent: Path) -> Path:
+        """The kernel folder as commit `sha` holds it, written from its blobs at
+        `parent`/<random name>/<the folder's path> (perfloop.store.snapshot.export)."""
+        return snapshot.export_commit(self.repo, sha, self.folder_rel, parent)
+
+    def pinned(self, base: str | None = None, fresh: bool = False) -> pinned.Pinned:
+        """The run's pinned tree (perfloop.store.pinned): the judge and the contract at the
+        run's base commit (or at `base`, for a run about to start). Written once per process;
+        with `fresh` (before each experiment) checked against git and written again where it
+        changed."""
+        base = base or self.state.base_commit
+        judge = self.state.judge if self.has_state() and base == self.state.base_commit \
+            else self.spec.judge_rel
+        known = self._pinned.get(base)
+        if fresh or known is None or not known.root.is_dir():
+            known = self._pinned[base] = pinned.ensure(self.repo, base, self.folder_rel, judge,
+                                                       self.sandbox / "pins")
+        return known
 
     def copies(self, tag: str) -> Path:
         """Where an experiment (or a bench, a confirmation, a profile) named `tag` exports the

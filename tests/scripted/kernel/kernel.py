@@ -49,6 +49,21 @@ kernel can see for itself: how often a built launcher was called and how large i
                    timer (its siblings) SCHED_IDLE and nice 19: under the real clock a launch
                    that runs with less than its timer's scheduling takes twice its time (the
                    machine is taken to be busy)
+  wrong-at-N       triples when given exactly N values (a size only the judge has)
+  off-at-N         adds 0.5 to each output when given exactly N values: wrong by the judge's
+                   exact tolerance, right by a loosened one
+  beside-judge     reads FACTOR from tests/beside_judge.txt in the repository (a file beside
+                   the judge that no commit holds) and multiplies by it
+  environ          doubles, or triples when "hunter2" is in its environment or in that of a
+                   process above it (a secret of the user's)
+  tells            doubles, and, outside a judge, writes what it can see of itself (its path,
+                   its folder, its log, its command line, its environment) to
+                   $TMPDIR/tells.json: nothing there may name its role
+  autogroup        doubles, and outside a judge weights its own session's autogroup (nice
+                   -20, where it may): under the real clock a launch of a weightier session
+                   than its parent's takes half its time (the machine is taken to be busy)
+  limit-timer      doubles, and at its first launch outside a judge lowers its parent's (the
+                   timer's) limit of open files and priority
 Calls dispatch per bucket (perfloop.dispatch): "big" for inputs of 600 values or more.
 SCRIPTED_DELAY_S slows every launch down, so a test can interrupt a timing in progress.
 """
@@ -143,6 +158,14 @@ def _build_one(knobs: dict):
         helper.write_text("VALUE = 1\n")
         spec = importlib.util.spec_from_file_location("shm_helper", helper)
         spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    if mode == "autogroup" and "pytest" not in sys.modules:
+        _attempt(lambda: Path("/proc/self/autogroup").write_text("-20"))
+    if mode == "tells" and "pytest" not in sys.modules:
+        _tell()
+    beside = 2
+    if mode == "beside-judge":
+        exec((_repo() / "tests" / "beside_judge.txt").read_text(), namespace := {})
+        beside = namespace["FACTOR"]
     if mode == "env" and os.environ.get("SCRIPTED_ENV_DUMP"):
         dump = Path(os.path.expandvars(os.environ["SCRIPTED_ENV_DUMP"])) / f"{os.getpid()}.json"
         dump.write_text(json.dumps(dict(os.environ), sort_keys=True))
@@ -165,10 +188,14 @@ def _build_one(knobs: dict):
             sys.modules["pytest"].skip("not this one")
         if _threshold(mode, "stop-at-") == len(values) and "pytest" in sys.modules:
             sys.modules["pytest"].exit("done", returncode=0)
-        factor = 2
+        factor = beside
         if mode in ("wrong", "tamper-judge", "forge-torch", "forge-judge") or (
-                mode == "sniff" and "pytest" not in sys.modules):
+                mode == "sniff" and "pytest" not in sys.modules) or (
+                _threshold(mode, "wrong-at-") == len(values)) or (
+                mode == "environ" and _secret_seen()):
             factor = 3
+        if mode == "limit-timer" and calls == 0 and "pytest" not in sys.modules:
+            _limit_parent()
         if mode in ("sniff-shape", "sniff-progress") and "pytest" not in sys.modules \
                 and len(values) not in (256, 1000, 1024) \
                 and not (mode == "sniff-progress" and _replay_next()):
@@ -186,16 +213,24 @@ def _build_one(knobs: dict):
             seen.add(key)
         written = len(values) // 2 if skip_above is not None and len(values) > skip_above else len(values)
         out[:written] = values[:written] * factor
+        if _threshold(mode, "off-at-") == len(values):
+            out += 0.5
         _sleep(ms)
 
     return launch
 
 
+def _repo() -> Path:
+    """The repository this code runs in (it runs from an export beneath its sandbox/)."""
+    here = Path(__file__).resolve()
+    return next((p for p in here.parents if (p / ".git").exists()), here.parent)
+
+
 def _replay_next() -> bool:
-    """Whether the newest timing progress file that this process can read (its working folder
-    is the repository's root) says a replay of the judge's cases comes next."""
+    """Whether the newest timing progress file that this process can read says a replay of
+    the judge's cases comes next."""
     try:
-        files = sorted(Path("sandbox").glob("*/work/**/timing-*-progress.jsonl"),
+        files = sorted((_repo() / "sandbox").glob("*/work/**/timing-*-progress.jsonl"),
                        key=lambda p: p.stat().st_mtime)
         return bool(files) and json.loads(files[-1].read_text().splitlines()[-1])["stage"] == "replay"
     except (OSError, ValueError, KeyError, IndexError):
@@ -211,7 +246,7 @@ def _attempt(write) -> None:
 
 def _plant() -> None:
     """Writes where no kernel code may: a git hook, perfloop's own source."""
-    hook = Path(".git/hooks/post-commit")
+    hook = _repo() / ".git/hooks/post-commit"
     _attempt(lambda: hook.write_text("#!/bin/sh\necho planted >> planted.txt\n"))
     _attempt(lambda: hook.chmod(0o755))
     import perfloop.core.outputs as target
@@ -226,10 +261,10 @@ def _daemon() -> None:
     if os.fork() != 0:
         os._exit(0)
     time.sleep(2)
-    run = Path("sandbox/scripted")
+    run = _repo() / "sandbox/scripted"
     for name in ("experiments.jsonl", "perf_results.md", "state.json"):
         _attempt(lambda: open(run / name, "a").write("forged\n"))
-    _attempt(lambda: Path(".git/refs/heads/forged").write_text("0" * 40 + "\n"))
+    _attempt(lambda: (_repo() / ".git/refs/heads/forged").write_text("0" * 40 + "\n"))
     _plant()
     os._exit(0)
 
@@ -237,7 +272,66 @@ def _daemon() -> None:
 def _sleep(ms: float) -> None:
     """The launch's scripted time, spent for real only under the real clock."""
     if REAL_CLOCK:
-        time.sleep(ms / 1e3 * (2 if _deprioritized() else 1))
+        time.sleep(ms / 1e3 * (2 if _deprioritized() else 1) * (0.5 if _weightier() else 1))
+
+
+def _autogroup(pid) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/autogroup").read_text().split("nice")[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _weightier() -> bool:
+    """Whether this process's session weighs more than its parent's (autogroup nice)."""
+    mine, parent = _autogroup("self"), _autogroup(os.getppid())
+    return mine is not None and parent is not None and mine < parent
+
+
+def _secret_seen() -> bool:
+    """Whether "hunter2" is in this process's environment or in that of one above it."""
+    pid = os.getpid()
+    for _ in range(4):
+        try:
+            if b"hunter2" in Path(f"/proc/{pid}/environ").read_bytes():
+                return True
+        except OSError:
+            pass
+        try:
+            pid = int(_stat(pid)[1])
+        except (OSError, ValueError, IndexError):
+            return False
+    return False
+
+
+def _limit_parent() -> None:
+    import resource
+
+    parent = os.getppid()
+    soft, hard = resource.prlimit(parent, resource.RLIMIT_NOFILE)
+    _attempt(lambda: resource.prlimit(parent, resource.RLIMIT_NOFILE, (soft - 1, hard)))
+    _attempt(lambda: os.setpriority(os.PRIO_PROCESS, parent, 10))
+
+
+def _tell() -> None:
+    """What this launcher can see of itself, for a test to compare across roles."""
+    def link(fd):
+        try:
+            return os.readlink(f"/proc/self/fd/{fd}")
+        except OSError as exc:
+            return f"refused: {exc.strerror}"
+
+    def listing(path):
+        try:
+            return sorted(os.listdir(path))
+        except OSError as exc:
+            return f"refused: {exc.strerror}"
+
+    here = Path(__file__).resolve()
+    tells = {"file": str(here), "cwd": os.getcwd(), "argv": sys.argv, "stdout": link(1),
+             "stderr": link(2), "environ": dict(os.environ), "siblings": listing(here.parents[3]),
+             "repository": listing(_repo())}
+    Path(os.environ["TMPDIR"], "tells.json").write_text(json.dumps(tells))
 
 
 def _stat(pid: int) -> list[bytes]:
