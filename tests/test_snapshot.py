@@ -133,3 +133,18 @@ def test_the_pinned_tree_takes_the_pytest_configuration_pytest_would(krepo, tmp_
     tree = pinned.ensure(krepo, gitops.head(krepo), "kernels/k", "tests/judge_k.py",
                          tmp_path / "pins")
     assert tree.ini == tree.root / "pyproject.toml"
+
+
+def test_bytecode_a_commit_holds_is_left_out_of_its_export_too(krepo, tmp_path):
+    """A repository without a .gitignore commits __pycache__/; what is compared, exported and
+    committed leaves it out on both sides (a run once refused its own baseline so)."""
+    root = Path(krepo.working_tree_dir)
+    (root / "kernels" / "k" / "__pycache__").mkdir()
+    (root / "kernels" / "k" / "__pycache__" / "kernel.cpython-312.pyc").write_bytes(b"\0")
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "bytecode committed")
+    head = gitops.head(krepo)
+    assert set(snapshot.from_commit(krepo, head, "kernels/k")) == {"kernel.py", "knobs.json"}
+    assert snapshot.matches(krepo, head, "kernels/k")
+    out = snapshot.export_commit(krepo, head, "kernels/k", tmp_path / "code")
+    assert not (out / "__pycache__").exists()

@@ -92,7 +92,8 @@ def start(s: Session, new: bool = False) -> tuple[records.Experiment, str | None
     # the benchmark's traffic() is read by the timing process; a wrong one is refused here,
     # in one line, before a branch or a record is written. Read from the commit the run
     # starts on, as every experiment reads the contract (perfloop.store.pinned)
-    contract = s.pinned(base=aside.base).contract
+    tree = s.pinned(base=aside.base)
+    contract = tree.contract
     traffic.check(kernel.import_module(contract, f"contract_{s.spec.name}"), s.spec,
                   workload.held_out(s.spec, seed))
     planner.check_space(s.playbook.optimizations, s.spec.read_knobs(contract),
@@ -103,7 +104,8 @@ def start(s: Session, new: bool = False) -> tuple[records.Experiment, str | None
         recovery.set_aside(s, aside)
         _archive(s, existing)
     s.ensure_sandbox_ignored()
-    ahead.start(s)  # the baseline's judges and timer, while the run's branch is made
+    tree = s.pinned(base=aside.base, fresh=True)   # (an old run's sandbox was set aside)
+    ahead.start(s, tree)  # the baseline's judges and timer, while the run's branch is made
     _make_run(s, previous, seed, aside.base)
     record = experiment.run(s, Proposal(Kind.BASELINE))
     planning.settle(s)

@@ -31,6 +31,11 @@ FOLDER_LIMIT = 256 << 20   # bytes of one kernel folder: far past any kernel's s
 Files = dict[str, tuple[int, bytes]]
 
 
+def _built(rel: str) -> bool:
+    """What Python writes beside a module it ran: never part of a snapshot or an export."""
+    return "__pycache__" in PurePosixPath(rel).parts
+
+
 def digest(files: Files) -> str:
     """The content address of a folder's files: paths, modes and bytes."""
     h = hashlib.sha256()
@@ -54,16 +59,20 @@ def _file(item, sha: str) -> tuple[int, bytes]:
 
 
 def from_commit(repo: git.Repo, sha: str, folder_rel: str) -> Files:
-    """The folder's files in commit `sha` (everything beneath it), as git stores them: no
-    filter applies to a blob read from the object store. A symbolic link is refused: an
-    export holds files only."""
+    """The folder's files in commit `sha` (everything beneath it but __pycache__/), as git
+    stores them: no filter applies to a blob read from the object store. A symbolic link is
+    refused: an export holds files only."""
     try:
         tree = _tree(repo, sha, folder_rel)
     except KeyError:
         return {}
-    return {PurePosixPath(item.path).relative_to(tree.path).as_posix() if tree.path
-            else item.path: _file(item, sha)
-            for item in tree.traverse() if item.type == "blob"}
+    out = {}
+    for item in tree.traverse():
+        rel = PurePosixPath(item.path).relative_to(tree.path).as_posix() if tree.path \
+            else item.path
+        if item.type == "blob" and not _built(rel):
+            out[rel] = _file(item, sha)
+    return out
 
 
 def top_level(repo: git.Repo, sha: str, folder_rel: str) -> Files:
@@ -92,7 +101,7 @@ def from_worktree(repo: git.Repo, root: Path, folder_rel: str) -> Files:
             continue
         inside = Path(rel).relative_to(folder_rel).as_posix() if folder_rel not in ("", ".") \
             else rel
-        if "__pycache__" in Path(inside).parts:   # what Python writes beside a module it ran
+        if _built(inside):
             continue
         if stat.S_ISLNK(st.st_mode):
             raise UserError(f"{rel} is a symbolic link: perfloop commits and runs a kernel "
@@ -134,7 +143,7 @@ def read_back(dest: Path) -> Files:
     """What an export holds now (to check it is still what was written)."""
     out: Files = {}
     for path in sorted(Path(dest).rglob("*")):
-        if path.is_symlink() or not path.is_file():
+        if path.is_symlink() or not path.is_file() or _built(path.relative_to(dest).as_posix()):
             continue
         mode = EXECUTABLE if path.stat().st_mode & 0o111 else REGULAR
         out[path.relative_to(dest).as_posix()] = (mode, plainfile.read_bytes(path))
