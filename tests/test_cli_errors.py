@@ -1,5 +1,6 @@
 """Bad input: one clear line, a non-zero exit, no traceback, and the repository unchanged."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -308,3 +309,33 @@ def test_an_interruption_points_to_resume_only_where_there_is_a_run(monkeypatch,
     said = capsys.readouterr()
     line = (said.err + said.out).strip().splitlines()[-1]
     assert "interrupted" in line and ("--resume" in line) == hint, line
+
+
+def _plain_repo(tmp_path):
+    """A git repository holding the scripted kernel and its judge, uncommitted: all `check`
+    needs (it reads the working tree)."""
+    repo = tmp_path / "repo"
+    shutil.copytree(SCRIPTED / "kernel", repo / "kernels" / "scripted")
+    (repo / "tests").mkdir()
+    shutil.copy(SCRIPTED / "judge_scripted.py", repo / "tests" / "judge_scripted.py")
+    git(tmp_path, "init", "-q", str(repo))
+    return repo
+
+
+@pytest.mark.parametrize("tail,words", [
+    ("\ndef broken(:\n", ["kernels/scripted/kernel.py does not compile", "SyntaxError", "line"]),
+    ("\nraise RuntimeError('no device here')\n",
+     ["kernels/scripted/kernel.py failed while imported", "RuntimeError: no device here"]),
+])
+def test_check_on_a_kernel_module_that_cannot_be_imported(tmp_path, tail, words):
+    # before: "internal error SyntaxError", where run and init refuse in one line
+    repo = _plain_repo(tmp_path)
+    kernel = repo / "kernels" / "scripted" / "kernel.py"
+    kernel.write_text(kernel.read_text() + tail)
+    code, out, err = human(repo, "check", "--kernel", "scripted")
+    assert code == 2 and out == ""
+    assert_one_line(err, *words)
+    assert "internal error" not in err
+    code, out, _ = human(repo, "check", "--kernel", "scripted", "--json")
+    answer = json.loads(out)
+    assert code == 2 and answer["exit_code"] == 2 and words[0] in answer["error"]

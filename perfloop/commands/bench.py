@@ -4,7 +4,7 @@ import time
 from perfloop.core import traffic, workload
 from perfloop.core.atomic import write_json
 from perfloop.core.errors import UserError
-from perfloop.core.kernel import import_module
+from perfloop.core.kernel import MODULE, load_module
 from perfloop.core.vocab import CONTROL, INCUMBENT
 from perfloop.measure import phases
 from perfloop.report import workload_view
@@ -57,7 +57,7 @@ def drawn(spec, count: int | None, seed: int | None) -> tuple[int | None, tuple]
 
 
 def _execute(s: Session, count: int | None = None, seed: int | None = None) -> dict:
-    module = import_module(s.spec.folder, f"bench_{s.spec.name}")
+    module = load_module(s.spec.folder, f"bench_{s.spec.name}", f"{s.folder_rel}/{MODULE}")
     traffic.check(module, s.spec)
     if not s.spec.requires_gpu or getattr(module, "DEVICE", "cuda") != "cuda" \
             or hasattr(module, "Clock"):

@@ -4,7 +4,7 @@ import time
 
 from perfloop.core import dispatch, knobspace, naming, progress, traffic, variants
 from perfloop.core.errors import UserError
-from perfloop.core.kernel import find_folder, import_module
+from perfloop.core.kernel import MODULE, find_folder, load_module
 from perfloop.core.manifest import load_spec
 from perfloop.core.playbook import load, resolve_dir, thaw
 from perfloop.store import gitops
@@ -38,6 +38,11 @@ def add_arguments(p):
                    help="with --sample: which N are drawn (default: 0)")
 
 
+def _shown(folder, root) -> str:
+    """The folder as the user knows it: from the repository's root when inside it."""
+    return str(folder.relative_to(root)) if folder.is_relative_to(root) else str(folder)
+
+
 def _count(text: str) -> int:
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"takes a whole number of variants, not '{text}'")
@@ -52,7 +57,7 @@ def execute(args):
     archs = [a.strip() for a in args.arch.split(",") if a.strip()]
     if not archs or any(not a.startswith("sm_") for a in archs):
         raise UserError(f"--arch takes targets like sm_90,sm_100, not '{args.arch}'")
-    module = import_module(folder, f"check_{spec.name}")
+    module = load_module(folder, f"check_{spec.name}", _shown(folder, root) + "/" + MODULE)
     if hasattr(module, "traffic"):  # a compile-only folder may lack it; run and bench refuse
         traffic.check(module, spec)   # the benchmark's bytes and operations, read as a run will
     if not hasattr(module, "compile_ahead"):

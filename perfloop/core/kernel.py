@@ -43,6 +43,7 @@ from pathlib import Path
 from perfloop.core import plainfile
 from perfloop.core.errors import UserError
 from perfloop.core.shape import Shape, _items, pow2  # noqa: F401  (the contract's)
+from perfloop.core.source import compile_error
 from perfloop.core.values import freeze, thaw
 
 SHIPPED = Path(__file__).resolve().parents[2] / "kernels"
@@ -165,6 +166,22 @@ def import_module(folder: Path, tag: str, file: str = MODULE):
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def load_module(folder: Path, tag: str, where: str, file: str = MODULE):
+    """import_module in perfloop's own process: a file that does not compile, or that raises
+    while it is imported, is refused in one line naming `where` (the kernel's mistake, not
+    perfloop's)."""
+    path = Path(folder) / file
+    why = compile_error(plainfile.read_text(path), str(path))
+    if why:
+        raise UserError(f"{where} does not compile ({why}); fix it, then run the command again")
+    try:
+        return import_module(folder, tag, file)
+    except Exception as exc:  # kernel code: its failure in one line, not a traceback
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        raise UserError(f"{where} failed while imported ({type(exc).__name__}: {first}); "
+                        "fix it, then run the command again") from None
 
 
 def triton_competitor(folder: Path, file: str, function: str) -> dict:

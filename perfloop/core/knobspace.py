@@ -16,7 +16,7 @@ from typing import Callable
 
 from perfloop.core import dispatch_table as dispatch
 from perfloop.core.errors import UserError
-from perfloop.core.kernel import MODULE, import_module
+from perfloop.core.kernel import MODULE, load_module
 from perfloop.core.values import freeze
 
 Same = Callable[[dict, dict], bool]
@@ -69,7 +69,7 @@ def space_for(folder: Path) -> Space:
     path = Path(folder) / MODULE
     key = hashlib.sha256(path.read_bytes()).hexdigest()
     if key not in _loaded:
-        module = import_module(Path(folder), f"space_{key[:12]}")
+        module = load_module(Path(folder), f"space_{key[:12]}", str(path))
         canonical = getattr(module, "canonical", None)
         restrict = getattr(module, "restrict", None)
         _loaded[key] = Space(plain_same if canonical is None else _by(canonical),

@@ -94,7 +94,8 @@ def start(s: Session, new: bool = False) -> tuple[records.Experiment, str | None
     # starts on, as every experiment reads the contract (perfloop.store.pinned)
     tree = s.pinned(base=aside.base)
     contract = tree.contract
-    traffic.check(kernel.import_module(contract, f"contract_{s.spec.name}"), s.spec,
+    traffic.check(kernel.load_module(contract, f"contract_{s.spec.name}",
+                                     f"{s.folder_rel}/{kernel.MODULE}"), s.spec,
                   workload.held_out(s.spec, seed))
     planner.check_space(s.playbook.optimizations, s.spec.read_knobs(contract),
                         s.spec.candidates,

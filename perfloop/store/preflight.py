@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 
 from perfloop.core.errors import EnvironmentFailure, UserError
+from perfloop.core.source import compile_error
 
 MIN_FREE_MB = 300   # an experiment exports two copies of the folder, logs, and compile caches
 AGAIN = "then run the command again"
@@ -83,18 +84,6 @@ def require_room_for_a_crash(path: Path) -> None:
             f"(an experiment needs {MIN_FREE_MB} MB): that crash is the machine's, not the "
             "candidate's, so it was not recorded; free some space, then `perfloop run "
             "--resume` runs it again", during=True)
-
-
-def compile_error(source: str, where: str) -> str | None:
-    """Why `source` does not compile as Python, in a few words, or None. Compiling runs none
-    of its code."""
-    try:
-        compile(source, where, "exec", dont_inherit=True)
-    except SyntaxError as exc:
-        return f"{type(exc).__name__}: {exc.msg}, line {exc.lineno}"
-    except (ValueError, RecursionError, MemoryError) as exc:
-        return f"{type(exc).__name__}: {exc}"
-    return None
 
 
 def require_compiles(source: str | None, where: str) -> None:
