@@ -17,6 +17,7 @@ from perfloop.core import progress, spawn
 from perfloop.core.atomic import dumps
 from perfloop.core.errors import Terminated, UserError
 from perfloop.measure import process
+from perfloop.run import recorded
 from perfloop.report.views import SCHEMA
 from perfloop.store import preflight
 
@@ -106,6 +107,11 @@ def _internal(args, exc: Exception) -> int:
     except OSError:  # (a full /tmp): the line still goes out
         log = "nowhere: the temporary folder is not writable"
     first = (str(exc).strip().splitlines() or [""])[0][:200]
+    after = getattr(exc, recorded.NOTE, None)
+    if after:  # past an experiment's record line: say that first (docs/agent-protocol.md)
+        return _emit_error(args, f"{after[0]}, but an internal error followed: "
+                                 f"{type(exc).__name__}: {first} (traceback in {log}); "
+                                 f"{after[1]}", 1)
     return _emit_error(args, f"internal error {type(exc).__name__}: {first} (traceback in "
                              f"{log}; an interrupted iteration, if any, is finished by "
                              "`perfloop run --resume`)", 1)

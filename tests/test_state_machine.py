@@ -277,7 +277,8 @@ class PerfloopMachine(RuleBasedStateMachine):
         self.check(answer.get("exit_code") == code, BadAnswer,
                    f"exit_code {answer.get('exit_code')!r}, but the process exited {code}")
         # exit 1 is for a failed experiment or check; an internal error is a traceback
-        self.check(not error.startswith("internal error"), UnexpectedExitCode,
+        self.check(not error.startswith("internal error")
+                   and "but an internal error followed" not in error, UnexpectedExitCode,
                    f"perfloop crashed: {error}")
 
     def check_unchanged(self, before: dict, code: int, answer):

@@ -77,7 +77,7 @@ def _execute(s, args):
                     "exit_code": 1, "failure": undone}
     if redone:
         report(redone)
-    stop = loop.run(s, report, args.max_iterations)
+    stop = loop.run(s, report, args.max_iterations, recorded_before=redone is not None)
     st = views.status(s)
     out = {"experiments_this_call": lines, "stop_reason": stop.detail, "stopped_by": stop.reason,
            "status": st}

@@ -8,7 +8,7 @@ from perfloop.plan import decide, search
 from perfloop.plan.planner import searches
 from perfloop.plan.proposal import Proposal
 from perfloop.report import views
-from perfloop.run import confirm, experiment, loop, planning
+from perfloop.run import confirm, experiment, loop, planning, recorded
 from perfloop.store.session import Session, require_gpu
 
 HELP = "one iteration: a playbook optimization (--opt), or your own edits (--describe)"
@@ -125,11 +125,14 @@ def _execute(s: Session, args) -> dict:
         record = experiment.run(s, proposal)
         planning.settle(s)
     if s.state.stop:
-        confirm.ensure(s)
-    st = views.status(s)
-    return {"experiment": views.experiment(record), "incumbent": st["incumbent"],
-            "stopped": st["stopped"], "stopped_by": st["stopped_by"],
-            "next": [sg.optimization.id for sg in planning.offered(s)][:3]}
+        with recorded.past(record, f"timing the run's result (it stopped: {s.state.stop})",
+                           recorded.CONFIRM):
+            confirm.ensure(s)
+    with recorded.past(record, "answering", "`perfloop status` shows where the run stands"):
+        st = views.status(s)
+        return {"experiment": views.experiment(record), "incumbent": st["incumbent"],
+                "stopped": st["stopped"], "stopped_by": st["stopped_by"],
+                "next": [sg.optimization.id for sg in planning.offered(s)][:3]}
 
 
 def render(r):

@@ -31,9 +31,10 @@ class EnvironmentFailure(UserError):
     tool): the line names what to fix. Raised before work starts, nothing changed (exit 2);
     `during` one, the experiment was left unrecorded for `perfloop run --resume` (exit 1)."""
 
-    def __init__(self, message: str, during: bool = False):
+    def __init__(self, message: str, during: bool = False, cause: str | None = None):
         super().__init__(message)
         self.exit_code = 1 if during else 2
+        self.cause = cause or message  # what failed and its fix, without how to go on
 
 
 class Terminated(KeyboardInterrupt):

@@ -299,11 +299,12 @@ def _finish(pending: Pending, out: Timing, running, tag: str, remaining: list, g
             try:
                 out.imports |= set(json.loads(imports.read_text()))
             except (OSError, ValueError):  # cut short: kernel code cannot write there
+                cause = (f"the timing worker's list of what it imported ({imports}) is "
+                         "unreadable: the machine failed it (is the disk full?), not the "
+                         "candidate; free some space")
                 raise EnvironmentFailure(
-                    f"the timing worker's list of what it imported ({imports}) is unreadable: "
-                    "the machine failed it (is the disk full?), not the candidate; nothing was "
-                    "recorded: free some space, then `perfloop run --resume` runs the "
-                    "experiment again", during=True) from None
+                    f"{cause}; nothing was recorded: `perfloop run --resume` runs the "
+                    "experiment again", during=True, cause=cause) from None
         if res.returncode == 0 and result.exists():
             out.raw = _read_result(result) or {}
             if out.raw.get("spec") == pending.specs.get(tag):

@@ -32,7 +32,7 @@ from perfloop.core.vocab import (
 from perfloop.measure import judge, phases, process
 from perfloop.plan import decide, weigh
 from perfloop.plan.proposal import Proposal
-from perfloop.run import ahead, screening
+from perfloop.run import ahead, recorded, screening
 from perfloop.run.finish import finish, knobs_digest
 from perfloop.run.outcomes import (
     apply_timing,
@@ -145,7 +145,9 @@ def run(s: Session, proposal: Proposal) -> records.Experiment:
         verdict = weigh_trial(trial)
         commit = commit_trial(trial, verdict)
         record = record_trial(trial, verdict, commit)
-        finish(s, record)
+        with recorded.past(record, "finishing it (its ref, the branch, the table's row)",
+                           recorded.FINISH):
+            finish(s, record)
         return record
 
 

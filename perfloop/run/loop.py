@@ -20,7 +20,7 @@ from perfloop.core.faults import crashpoint
 from perfloop.core.vocab import Kind, Status, Stop, StopReason
 from perfloop.plan import planner
 from perfloop.plan.proposal import Proposal
-from perfloop.run import ahead, confirm, experiment, planning, recovery
+from perfloop.run import ahead, confirm, experiment, planning, recorded, recovery
 from perfloop.store import gitops, pins, records
 from perfloop.store.session import Session, State, sha256_file
 
@@ -200,10 +200,11 @@ def resume(s: Session) -> records.Experiment | None:
 
 
 def run(s: Session, report: Callable[[records.Experiment], None],
-        max_iterations: int | None = None) -> Stop:
+        max_iterations: int | None = None, recorded_before: bool = False) -> Stop:
     """Iterate until a stop rule fires, or `max_iterations` ran; returns why it stopped. When
     a rule fires, the baseline and the final incumbent are timed against each other in one
-    process."""
+    process. `recorded_before`: this command recorded an experiment before (a baseline, a
+    resumed one), so a failure here follows a record line."""
     done = 0
     try:
         while s.state.stop is None:
@@ -225,5 +226,10 @@ def run(s: Session, report: Callable[[records.Experiment], None],
         raise  # (the caller's interruptible() writes the interruption)
     finally:
         ahead.discard(s)  # started for an experiment that will not come
-    confirm.ensure(s)
+    if not (done or recorded_before):  # (a failure here then changed nothing)
+        confirm.ensure(s)
+        return s.state.stop
+    with recorded.past(s.records()[-1], f"timing the run's result (it stopped: "
+                                        f"{s.state.stop})", recorded.CONFIRM):
+        confirm.ensure(s)
     return s.state.stop

@@ -50,10 +50,11 @@ def writes(fn):
             said = " ".join(str(exc.stderr or "").split()).strip("' ")
             if not any(failure in said for failure in MACHINE_FAILURES):
                 raise
-            raise EnvironmentFailure(
-                f"git failed ({said[:240]}): another git command may hold that lock, or the "
-                "repository's filesystem is full or read-only; fix that, then `perfloop run "
-                "--resume` runs the unrecorded experiment again", during=True) from None
+            cause = (f"git failed ({said[:240]}): another git command may hold that lock, or "
+                     "the repository's filesystem is full or read-only; fix that")
+            raise EnvironmentFailure(f"{cause}, then `perfloop run --resume` runs the "
+                                     "unrecorded experiment again", during=True,
+                                     cause=cause) from None
     return wrapper
 
 

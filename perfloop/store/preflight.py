@@ -100,6 +100,6 @@ def from_os_error(exc: OSError) -> EnvironmentFailure | None:
     if fix is None:
         return None
     where = f" ({exc.filename})" if exc.filename else ""
-    return EnvironmentFailure(f"{exc.strerror}{where}: {fix}; nothing was recorded for an "
-                              "unfinished experiment: `perfloop run --resume` runs it again",
-                              during=True)
+    cause = f"{exc.strerror}{where}: {fix}"
+    return EnvironmentFailure(f"{cause}; nothing was recorded for an unfinished experiment: "
+                              "`perfloop run --resume` runs it again", during=True, cause=cause)
