@@ -201,6 +201,48 @@ def test_a_second_run_gets_a_suffixed_branch_and_the_first_is_archived(started):
     assert len(table.read_rows(started.path / "sandbox/scripted/perf_results.md")) == 1
 
 
+def test_a_finished_run_is_not_archived_by_a_plain_run_and_stays_readable_once_archived(
+        scratch):
+    # issue 53: a plain `run` on a finished run archived it silently; when the new baseline
+    # then failed, status and report said "no run yet"
+    from test_cli_errors import human
+
+    scratch.rules(max_iterations="0")
+    scratch.commit_all("a run of the baseline alone")
+    code, out, err = scratch.cli("init", "--kernel", "scripted")
+    assert code == 0 and out["status"]["stopped_by"] == "max-iterations", err
+    first = scratch.branch()
+    git(scratch.path, "checkout", "-q", "main")
+    before = scratch.snapshot()
+    for command in ("run", "init"):
+        code, out, _ = scratch.cli(command, "--kernel", "scripted")
+        assert code == 2 and "has finished on branch " + first in out["error"]
+        assert "--new" in out["error"] and "reached the iteration limit" in out["error"]
+        assert scratch.snapshot() == before and not (scratch.path / "sandbox/_archive").exists()
+    # --new archives it; the new baseline fails, so that attempt is archived too
+    knobs = scratch.kernel / "knobs.json"
+    knobs.write_text(knobs.read_text().replace('"mode": "ok"', '"mode": "wrong"'))
+    scratch.commit_all("a wrong kernel")
+    code, out, _ = scratch.cli("run", "--kernel", "scripted", "--new")
+    assert code == 1 and out["stopped_by"] == "baseline-failed"
+    archived = sorted((scratch.path / "sandbox/_archive/scripted").iterdir())
+    assert len(archived) == 2 and not (scratch.path / "sandbox/scripted").exists()
+    code, st, err = scratch.cli("status", "--kernel", "scripted")
+    assert code == 0, err
+    latest = next(p.name for p in archived if p.name.startswith(f"{first}-2-"))
+    assert st["branch"] == f"{first}-2" and st["stopped_by"] == "baseline-failed"
+    assert st["archived"] == f"sandbox/_archive/scripted/{latest}"
+    assert st["experiments"][0]["correctness"] == "FAIL"
+    code, report, err = scratch.cli("report", "--kernel", "scripted")
+    assert code == 0 and report["archived"] == st["archived"] and report["experiments"] == 1
+    for command in ("status", "report"):
+        code, text, err = human(scratch.path, command, "--kernel", "scripted")
+        assert code == 0 and text.startswith("no current run: this is the latest archived "
+                                             f"run, kept in {st['archived']}"), err
+    code, out, _ = scratch.cli("next", "--kernel", "scripted")
+    assert code == 2 and "no run of 'scripted' yet" in out["error"]
+
+
 def test_a_kernel_folder_named_by_path_from_outside_its_repository(scratch, tmp_path):
     scratch.script(GAINS[:1])
     scratch.commit_all("script")
@@ -219,3 +261,15 @@ def test_a_kernel_folder_named_by_path_from_outside_its_repository(scratch, tmp_
     assert scratch.branch().startswith("cutile-perf-scripted-")
     assert len(scratch.records()) == 2 and scratch.records()[1]["status"] == "keep"
     assert list(elsewhere.iterdir()) == []          # nothing written where it was called from
+
+
+def test_the_latest_archived_run_is_the_one_that_started_last(tmp_path):
+    from perfloop.store.session import latest_archived
+
+    assert latest_archived(tmp_path / "none") is None
+    for name in ("cutile-perf-k-20250101-1700000300", "cutile-perf-k-20250101-2-1700000900",
+                 "cutile-perf-k-20250102-1700000500", "cutile-perf-k-20250103-1700009999"):
+        (tmp_path / name).mkdir()
+        if not name.endswith("9999"):   # (no state.json: not a run)
+            (tmp_path / name / "state.json").write_text("{}")
+    assert latest_archived(tmp_path).name == "cutile-perf-k-20250101-2-1700000900"

@@ -145,6 +145,8 @@ def test_a_second_run_after_merging_and_deleting_the_first_branch_keeps_every_ex
     git(scratch.path, "merge", "-q", "--ff-only", first)
     git(scratch.path, "branch", "-q", "-D", first)
     code, out, err = scratch.cli("run", "--kernel", "scripted")
+    assert code == 2 and "has finished" in out["error"] and "--new" in out["error"]
+    code, out, err = scratch.cli("run", "--kernel", "scripted", "--new")
     assert code == 0, err
     second = scratch.branch()
     assert second != first and second.startswith(first)

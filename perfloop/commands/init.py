@@ -8,14 +8,16 @@ Creates the branch cutile-perf-<kernel>-<yyyymmdd> (suffixed if taken) from the 
 commit, then runs iteration 0: the kernel's correctness tests and a timing of the unchanged
 kernel against itself, which also measures the noise. The kernel folder and its judge must be
 committed; the judge, the shapes and the tolerances are pinned for the whole run. Refuses
-uncommitted changes to tracked files. A baseline that does not pass is undone (back on your
-branch, the attempt archived under sandbox/_archive/). Then use `perfloop next` and
+uncommitted changes to tracked files, and a kernel that has a run already, finished or not
+(--new archives it). A baseline that does not pass is undone (back on your branch, the
+attempt archived under sandbox/_archive/). Then use `perfloop next` and
 `perfloop step`, or `perfloop run --resume` for the rest."""
 
 
 def add_arguments(p):
     p.add_argument("--new", action="store_true",
-                   help="archive an unfinished run of this kernel and start over")
+                   help="archive this kernel's run, finished or not, under sandbox/_archive/ "
+                        "(status and report still read it) and start over")
 
 
 def execute(args):

@@ -98,14 +98,15 @@ def _bench(s: Session, final_knobs: dict | None) -> tuple[dict | None, dict | No
 
 def execute(args):
     s = Session(args.kernel, args.playbook)
-    s.require_run()
+    s.read_run()
     html_out, png_out = _output(args.html, s), _output(args.png, s)
     results_out = _output(args.results, s, results=True)
     recs = s.records()
     if not recs:
         if html_out or png_out or results_out:
             raise UserError(f"no experiments of '{s.spec.name}' recorded yet: nothing to draw")
-        return {"kernel": s.spec.name, "experiments": 0, "rows": []}
+        return {"kernel": s.spec.name, "experiments": 0, "rows": [],
+                "archived": views.archived(s)}
     df = _frame(recs)
     st = s.state
     head = s.spec.headline.name
@@ -120,7 +121,8 @@ def execute(args):
     confirmed = speedup["method"] in (review.ONE_PROCESS, review.NOTHING_KEPT)
     env = next((r.environment for r in reversed(recs) if r.environment), None)
     out = {
-        "kernel": s.spec.name, "branch": st.branch, "experiments": len(recs),
+        "kernel": s.spec.name, "branch": st.branch, "archived": views.archived(s),
+        "experiments": len(recs),
         "counts": df["status"].value_counts().to_dict(),   # by status, the baseline included
         "changes": review.change_counts(recs),              # after the baseline
         "baseline": {"status": recs[0].status, "latency_ms": recs[0].latency_ms,
@@ -157,7 +159,8 @@ def _facts(s: Session, recs, confirmation, bench, bench_info) -> results.RunFact
     confirmation, the last bench."""
     table = s.table_path.read_text(encoding="utf-8") if s.table_path.exists() else ""
     return results.RunFacts(
-        kernel=s.spec.name, branch=s.state.branch, started_at=recs[0].started_at,
+        kernel=s.spec.name, branch=s.state.branch, archived=views.archived(s),
+        started_at=recs[0].started_at,
         stopped=views.line(s.state.stop), environment=recs[0].environment, table=table,
         shapes=[sh.name for sh in s.spec.shapes], headline=s.spec.headline.name,
         confirmation=(confirmation.shapes or None) if confirmation else None,
@@ -251,7 +254,8 @@ def experiments_frame(r):
 def summary_lines(r) -> list[str]:
     c = r["changes"]
     fails = c["correctness_failures"]
-    lines = [f"{r['kernel']} on {r['branch']}: the baseline and {c['total']} changes "
+    lines = [views.archived_line(r["archived"])] if r.get("archived") else []
+    lines += [f"{r['kernel']} on {r['branch']}: the baseline and {c['total']} changes "
              f"({c['kept']} kept, {c['reverted']} reverted, {c['crashed']} crashed; "
              f"{fails} correctness failure{'s' if fails != 1 else ''})"]
     sp = r["speedup"]
@@ -297,7 +301,8 @@ def render(r):
     import pandas as pd
 
     if not r["experiments"]:
-        return f"{r['kernel']}: no experiments recorded yet"
+        return "\n".join(([views.archived_line(r["archived"])] if r.get("archived") else [])
+                         + [f"{r['kernel']}: no experiments recorded yet"])
     width = {"display.width": 200, "display.max_colwidth": 80}
     with pd.option_context(*[x for kv in width.items() for x in kv]):
         lines = summary_lines(r)

@@ -18,7 +18,8 @@ timed against the incumbent in the same process, committed, then kept or reverte
 when each bucket has stopped by one of those two), after iteration 25, when
 nothing is left to try, or on Ctrl-C (then --resume continues). When a stop rule fires, the
 baseline and the final incumbent are timed against each other in one process: that ratio is
-the run's speedup in `perfloop report`. Needs an NVIDIA GPU, unless the kernel is timed by a
+the run's speedup in `perfloop report`. A kernel whose run has finished is refused: --new
+archives that run and starts another. Needs an NVIDIA GPU, unless the kernel is timed by a
 clock of its own (requires_gpu = false)."""
 
 
@@ -26,7 +27,8 @@ def add_arguments(p):
     p.add_argument("--resume", action="store_true",
                    help="continue this kernel's run (after a kill, a crash or Ctrl-C)")
     p.add_argument("--new", action="store_true",
-                   help="archive an unfinished run of this kernel and start a new one")
+                   help="archive this kernel's run, finished or not, under sandbox/_archive/ "
+                        "(status and report still read it) and start a new one")
     p.add_argument("--max-iterations", type=non_negative, metavar="N",
                    help="stop after N more iterations (the playbook's limits still apply)")
     p.add_argument("--profile", action="store_true",

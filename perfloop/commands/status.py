@@ -4,7 +4,9 @@ from perfloop.store.session import Session
 HELP = "where the run stands: incumbent, experiments so far, whether a stop rule fired"
 DESCRIPTION = """\
 Shows the run's branch, the kernel's class, the incumbent (commit, latency, knobs), every
-experiment so far, whether a stop rule has fired, and any interrupted iteration."""
+experiment so far, whether a stop rule has fired, and any interrupted iteration. Without a
+current run, the latest run set aside under sandbox/_archive/<kernel>/ (by --new, or a
+baseline that did not pass), and says so."""
 
 
 def add_arguments(p):
@@ -13,13 +15,15 @@ def add_arguments(p):
 
 def execute(args):
     s = Session(args.kernel, args.playbook)
-    s.require_run()
+    s.read_run()
     return views.status(s)
 
 
 def render(st):
     inc = st["incumbent"]
     lines = [f"{st['kernel']} on {st['branch']}, {st['kernel_class'] or 'unclassified'}"]
+    if st.get("archived"):
+        lines.insert(0, views.archived_line(st["archived"]))
     if st.get("class_basis"):
         lines.append(f"  class from {st['class_basis']}")
     for e in st["experiments"]:

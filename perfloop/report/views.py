@@ -79,7 +79,18 @@ def status(s: Session) -> dict:
             "iterations": len(recs), "experiments": [experiment(r) for r in recs],
             "impossible": impossible(recs),
             **stop_fields(st.stop), "interrupted": line(st.interrupted),
-            "in_flight": st.in_flight, "table": str(s.table_path), "record": str(s.records_path)}
+            "in_flight": st.in_flight, "table": str(s.table_path), "record": str(s.records_path),
+            "archived": archived(s)}
+
+
+def archived(s: Session) -> str | None:
+    """The folder of the archived run a reader shows (no current run), else None."""
+    return str(s.archived.relative_to(s.root)) if s.archived else None
+
+
+def archived_line(folder: str) -> str:
+    return (f"no current run: this is the latest archived run, kept in {folder} "
+            "(`--new` or a baseline that did not pass set it aside)")
 
 
 def line(stop: Stop | None) -> str | None:

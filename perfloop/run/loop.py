@@ -26,8 +26,7 @@ from perfloop.store.session import Session, State, sha256_file
 
 
 def _archive(s: Session, existing: State) -> Path:
-    archive = (s.sandbox.parent / "_archive" / s.spec.name /
-               f"{existing.branch}-{int(existing.started_at)}")
+    archive = s.archive / f"{existing.branch}-{int(existing.started_at)}"
     archive.parent.mkdir(parents=True, exist_ok=True)
     shutil.move(str(s.sandbox), archive)
     return archive
@@ -80,6 +79,11 @@ def _require_startable(s: Session, new: bool) -> tuple[State | None, recovery.As
         what = "was interrupted" if existing.interrupted or existing.in_flight else "is in progress"
         raise UserError(f"a run of '{s.spec.name}' {what} on branch {existing.branch}; continue "
                         "it with `perfloop run --resume`, or pass --new to archive it and start over")
+    if existing is not None and not new:  # (archiving a finished run is the user's call)
+        raise UserError(f"a run of '{s.spec.name}' has finished on branch {existing.branch} "
+                        f"(stopped: {existing.stop}); `perfloop status` and `perfloop report` "
+                        "read it; pass --new to archive it under sandbox/_archive/ and start a "
+                        "new run")
     return existing, aside
 
 

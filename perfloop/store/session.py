@@ -129,6 +129,17 @@ def legacy_stop(words: str) -> Stop:
     return Stop(reason, words)
 
 
+def latest_archived(archive: Path) -> Path | None:
+    """The archived run folder that started last: each is named <branch>-<start time>, in
+    whole seconds (perfloop.run.loop._archive); one without a state.json is not a run."""
+    def started(folder: Path) -> int:
+        tail = folder.name.rsplit("-", 1)[-1]
+        return int(tail) if tail.isdigit() else -1
+    runs = [f for f in archive.iterdir() if (f / "state.json").is_file()] \
+        if archive.is_dir() else []
+    return max(runs, key=lambda f: (started(f), f.name), default=None)
+
+
 def require_gpu() -> None:
     if not Path("/dev/nvidiactl").exists() and shutil.which("nvidia-smi") is None:
         raise NeedsGPU("timing needs an NVIDIA GPU and none was found on this machine "
@@ -156,11 +167,8 @@ class Session:
         self._require_usable_name(self.spec.name)
         self.playbook_dir = playbook.resolve_dir(playbook_dir, self.root)
         self.playbook = playbook.load(self.playbook_dir)
-        self.sandbox = self.root / "sandbox" / self.spec.name
-        self.table_path = self.sandbox / "perf_results.md"
-        self.records_path = self.sandbox / "experiments.jsonl"
-        self.state_path = self.sandbox / "state.json"
-        self.work = self.sandbox / "work"
+        self._files_in(self.root / "sandbox" / self.spec.name)
+        self.archived: Path | None = None   # the archived run a reader reads (read_run)
         # each code's compile cache, shared by the processes that run that code (the judge's
         # kernel passes, the warmers, the timer's launchers): perfloop.core.sandbox.linked_cache
         self.compile_cache = self.sandbox / "cache"
@@ -171,6 +179,19 @@ class Session:
         self.timer = None           # a timing worker started ahead (phases.start_timer_ahead)
         self.ahead = False          # set by a caller that runs experiments one after another
         self.locked = False         # this process holds the kernel's lock (Session.lock)
+
+    def _files_in(self, sandbox: Path) -> None:
+        """The run's files: those in `sandbox` (the kernel's, or an archived run's folder)."""
+        self.sandbox = sandbox
+        self.table_path = self.sandbox / "perf_results.md"
+        self.records_path = self.sandbox / "experiments.jsonl"
+        self.state_path = self.sandbox / "state.json"
+        self.work = self.sandbox / "work"
+
+    @property
+    def archive(self) -> Path:
+        """Where runs set aside (`--new`, a baseline that did not pass) are kept."""
+        return self.root / "sandbox" / "_archive" / self.spec.name
 
     def _require_usable_name(self, name: str) -> None:
         """The kernel's name names its sandbox folder, its lock and its run's branch."""
@@ -246,6 +267,17 @@ class Session:
         self.playbook = playbook.with_rules(self.playbook, state.rules)
 
     def require_run(self) -> State:
+        return self.state
+
+    def read_run(self) -> State:
+        """For a command that only reads: the current run, or where there is none the latest
+        archived one (self.archived names its folder), so that setting a run aside never
+        hides it; "no run yet" only when neither exists."""
+        if not self.state_path.exists():
+            latest = latest_archived(self.archive)
+            if latest is not None:
+                self._files_in(latest)
+                self.archived = latest
         return self.state
 
     def has_state(self) -> bool:
