@@ -787,7 +787,8 @@ def test_an_experiment_over_what_is_left_of_the_budget_waits_behind_one_that_fit
     monkeypatch.setattr(planner, "spent", lambda recs: [budget.Spent(budget.STEP, 70.0)] * 4)
     assert [sg.optimization.id for sg in planner.plan(planning.view(session))[1]] == ranked
     stop = planner.plan(planning.view(session))[0]
-    assert stop.reason is StopReason.TIME_BUDGET and stop.detail.endswith("(none on offer fits)")
+    assert stop.reason is StopReason.TIME_BUDGET and "(none on offer fits); never tried: " in \
+        stop.detail and stop.never_tried == tuple(ranked)
 
 
 def test_a_stop_held_off_by_the_searches_lets_no_catalog_step_in_ahead_of_them(

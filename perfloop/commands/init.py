@@ -1,3 +1,4 @@
+from perfloop.commands import options
 from perfloop.report import views
 from perfloop.run import ahead, loop
 from perfloop.store.session import Session, require_gpu
@@ -11,17 +12,20 @@ committed; the judge, the shapes and the tolerances are pinned for the whole run
 uncommitted changes to tracked files, and a kernel that has a run already, finished or not
 (--new archives it). A baseline that does not pass is undone (back on your branch, the
 attempt archived under sandbox/_archive/). Then use `perfloop next` and
-`perfloop step`, or `perfloop run --resume` for the rest."""
+`perfloop step`, or `perfloop run --resume` for the rest.
+--max-control-gap, --cliff-ratio and --time-budget set those rules for this run over
+kernel.toml's [rules] and the playbook's rules.toml; the run keeps them (state.json)."""
 
 
 def add_arguments(p):
+    options.add_settings(p)
     p.add_argument("--new", action="store_true",
                    help="archive this kernel's run, finished or not, under sandbox/_archive/ "
                         "(status and report still read it) and start over")
 
 
 def execute(args):
-    s = Session(args.kernel, args.playbook)
+    s = Session(args.kernel, args.playbook, options.overrides(args))
     if s.spec.requires_gpu:
         require_gpu()
     with s.lock(), loop.interruptible(s):

@@ -1,7 +1,8 @@
 import sys
 
+from perfloop.commands import options
 from perfloop.commands.options import non_negative
-from perfloop.core import progress
+from perfloop.core import progress, settings
 from perfloop.core.errors import UserError
 from perfloop.core.vocab import Status, StopReason
 from perfloop.measure import profiling
@@ -19,7 +20,10 @@ when each bucket has stopped by one of those two), after iteration 25, when
 nothing is left to try, or on Ctrl-C (then --resume continues). When a stop rule fires, the
 baseline and the final incumbent are timed against each other in one process: that ratio is
 the run's speedup in `perfloop report`. A kernel whose run has finished is refused: --new
-archives that run and starts another. Needs an NVIDIA GPU, unless the kernel is timed by a
+archives that run and starts another. --max-control-gap, --cliff-ratio and --time-budget
+set those rules for a new run over kernel.toml's [rules] and the playbook's rules.toml, and
+the run keeps them; with --resume only --time-budget, which replaces the run's budget from
+then on (a run its budget stopped goes on). Needs an NVIDIA GPU, unless the kernel is timed by a
 clock of its own (requires_gpu = false)."""
 
 
@@ -31,6 +35,7 @@ def add_arguments(p):
                         "(status and report still read it) and start a new one")
     p.add_argument("--max-iterations", type=non_negative, metavar="N",
                    help="stop after N more iterations (the playbook's limits still apply)")
+    options.add_settings(p)
     p.add_argument("--profile", action="store_true",
                    help="profile the incumbent with Nsight Compute after each kept change "
                         "(`perfloop profile`), so the next suggestions rank by it")
@@ -39,7 +44,13 @@ def add_arguments(p):
 
 
 def execute(args):
-    s = Session(args.kernel, args.playbook)
+    flags = options.overrides(args)
+    pinned = [x.flag for x in settings.SETTINGS if x.pinned_at_start and x.key in flags]
+    if args.resume and pinned:
+        raise UserError(f"{pinned[0]} is pinned when a run starts (it decides what the "
+                        "experiments measure); start a new run with `perfloop run --new "
+                        f"{pinned[0]} ...`")
+    s = Session(args.kernel, args.playbook, flags)
     if s.spec.requires_gpu:
         require_gpu()
     s.ahead = True  # experiments follow one another: each starts the next one's children
@@ -67,22 +78,24 @@ def _execute(s, args):
         if args.new:
             raise UserError("--resume and --new exclude each other")
         s.require_run()
-        if s.state.stop is None and args.max_iterations != 0:
+        if (s.state.stop is None or loop.lifts_stop(s)) and args.max_iterations != 0:
             loop.require_no_edits_before_steps(s)
         redone = loop.resume(s)
+        retuned = loop.retune(s)
     else:
+        retuned = {}
         redone, undone = loop.start(s, new=args.new)
         if undone:
             report(redone)
             return {"experiments_this_call": lines, "stop_reason": undone,
                     "stopped_by": StopReason.BASELINE_FAILED, "status": None,
-                    "exit_code": 1, "failure": undone}
+                    "retuned": {}, "exit_code": 1, "failure": undone}
     if redone:
         report(redone)
     stop = loop.run(s, report, args.max_iterations, recorded_before=redone is not None)
     st = views.status(s)
     out = {"experiments_this_call": lines, "stop_reason": stop.detail, "stopped_by": stop.reason,
-           "status": st}
+           "never_tried": list(stop.never_tried), "status": st, "retuned": retuned}
     if args.profile:
         out["profiles"] = profiles
     if st["iterations"] and st["experiments"][0]["status"] != Status.KEEP:
@@ -114,7 +127,7 @@ def render(r):
     if st is None:
         return r["stop_reason"]
     inc = st["incumbent"]
-    lines = [f"stopped: {r['stop_reason']}"]
+    lines = views.retuned_lines(r.get("retuned")) + [f"stopped: {r['stop_reason']}"]
     if inc["latency_ms"] and st["baseline_latency_ms"]:
         lines.append(f"baseline {st['baseline_latency_ms']:.6f} ms -> incumbent "
                      f"{inc['latency_ms']:.6f} ms ({st['speedup_vs_baseline']:.3f}x) at "

@@ -26,6 +26,9 @@ def render(st):
         lines.insert(0, views.archived_line(st["archived"]))
     if st.get("class_basis"):
         lines.append(f"  class from {st['class_basis']}")
+    own = views.settings_line(st["settings"])
+    if own:
+        lines.append(f"  {own}")
     for e in st["experiments"]:
         lines.append(views.experiment_line(e))
     if inc["latency_ms"]:

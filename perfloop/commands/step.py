@@ -1,5 +1,6 @@
 import json
 
+from perfloop.commands import options
 from perfloop.core import dispatch_table, knobspace
 from perfloop.core.errors import UserError
 from perfloop.core.playbook import freeze, thaw
@@ -21,6 +22,8 @@ Runs one full iteration on the current run (start one with `perfloop init`):
                         the change in the table. Edits outside the folder, and edits to the
                         pinned kernel.toml, are refused.
   --resume              finish an iteration that was interrupted (kill, crash, Ctrl-C).
+--time-budget S replaces the run's time budget from this step on (kept in state.json); the
+run's other rules stay as pinned when it started.
 The experiment is committed either way; a reverted one stays reachable under refs/perfloop/."""
 
 
@@ -30,6 +33,7 @@ def add_arguments(p):
     what.add_argument("--describe", metavar="TEXT", help="judge your own edits in the kernel folder")
     what.add_argument("--resume", action="store_true", help="finish an interrupted iteration")
     p.add_argument("--value", metavar="V", help="with --opt: measure only this candidate value")
+    options.add_settings(p, at_start=False)
 
 
 def _parse_value(text: str):
@@ -97,7 +101,7 @@ def _playbook_proposal(s: Session, opt_id: str, value_text: str | None) -> Propo
 def execute(args):
     if args.value is not None and not args.opt:
         raise UserError("--value goes with --opt")
-    s = Session(args.kernel, args.playbook)
+    s = Session(args.kernel, args.playbook, options.overrides(args))
     with s.lock(), loop.interruptible(s):
         return _execute(s, args)
 
@@ -112,6 +116,9 @@ def _execute(s: Session, args) -> dict:
         record = loop.resume(s)
         if record is None:  # the interrupted iteration had been recorded: recovery finished it
             record = s.records()[-1]
+        retuned = loop.retune(s)
+        if retuned:  # (the stop rules, under the new budget)
+            planning.settle(s)
     else:
         if args.describe is not None:
             if not args.describe.strip():
@@ -122,6 +129,7 @@ def _execute(s: Session, args) -> dict:
         loop.prepare_step(s, proposal.kind)
         if s.spec.requires_gpu:
             require_gpu()
+        retuned = loop.retune(s)
         record = experiment.run(s, proposal)
         planning.settle(s)
     if s.state.stop:
@@ -132,11 +140,13 @@ def _execute(s: Session, args) -> dict:
         st = views.status(s)
         return {"experiment": views.experiment(record), "incumbent": st["incumbent"],
                 "stopped": st["stopped"], "stopped_by": st["stopped_by"],
-                "next": [sg.optimization.id for sg in planning.offered(s)][:3]}
+                "never_tried": st["never_tried"],
+                "next": [sg.optimization.id for sg in planning.offered(s)][:3],
+                "retuned": retuned}
 
 
 def render(r):
-    lines = [views.experiment_line(r["experiment"])]
+    lines = views.retuned_lines(r.get("retuned")) + [views.experiment_line(r["experiment"])]
     if r["stopped"]:
         lines.append(f"a stop rule fired: {r['stopped']}")
     if r["next"]:

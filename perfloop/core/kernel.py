@@ -7,6 +7,7 @@ A kernel folder holds
                only to check a per-bucket dispatch; derived from the shapes if absent);
                optional [workload], the family of shapes it serves (perfloop.core.workload:
                held-out shapes drawn from it, and the buckets decisions are taken in);
+               optional [rules], settings over the playbook's (perfloop.core.settings);
                pinned for a run;
   knobs.json   the tunable values: the file the loop edits and commits;
   kernel.py    build(knobs) -> launch(inputs, out), which experiments change; and the
@@ -100,6 +101,7 @@ class KernelSpec:
     held_back: tuple = ()                           # [[held_back]], or derived without a workload
     workload: object = None                         # perfloop.core.workload.Workload
     held_back_derived: bool = False                 # no [[held_back]]: one per benchmark shape
+    rules: dict = field(default_factory=dict)       # [rules]: settings over rules.toml's
 
     @property
     def headline(self) -> Shape:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-from perfloop.core import workload
+from perfloop.core import settings, workload
 from perfloop.core.errors import UserError
 from perfloop.core.kernel import (
     KNOBS,
@@ -52,7 +52,8 @@ def load_spec(folder: Path, repo_root: Path, text: str | None = None) -> KernelS
         spec = KernelSpec(name, folder, judge, shapes, _candidates(manifest, known),
                           _flag(manifest, "requires_gpu", True), _tolerance(manifest),
                           judge_rel, text, _tags(manifest), held_back, family,
-                          "held_back" not in manifest)
+                          "held_back" not in manifest,
+                          settings.from_table(manifest.get("rules", {}), str(path)))
     except _Bad as exc:
         raise bad(str(exc)) from None
     return spec

@@ -79,6 +79,7 @@ class Stop:
 
     reason: StopReason
     detail: str
+    never_tried: tuple[str, ...] = ()   # a time-budget stop: the catalog entries left untried
 
     def __str__(self) -> str:
         return self.detail

@@ -213,7 +213,17 @@ def plan(v: RunView) -> tuple[Stop | None, list]:
         if held is not None:
             stop = Stop(held.reason, f"{held.detail} (and the next experiment on offer, "
                                      f"estimated at {next_s:.0f} s, would pass the time budget)")
-    return stop, offered
+    return with_untried(stop, ranked), offered
+
+
+def with_untried(stop: Stop | None, ranked: list) -> Stop | None:
+    """A time-budget stop names the catalog entries it leaves untried (`ranked`: those on
+    offer), and how to go on: the budget cut them, not their merit."""
+    if stop is None or stop.reason is not StopReason.TIME_BUDGET or not ranked:
+        return stop
+    ids = tuple(sg.optimization.id for sg in ranked)
+    return Stop(stop.reason, f"{stop.detail}; never tried: {', '.join(ids)} (a larger budget "
+                             "goes on: `perfloop run --resume --time-budget SECONDS`)", ids)
 
 
 def next_step(v: RunView) -> Proposal | Stop:

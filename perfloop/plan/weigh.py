@@ -56,9 +56,11 @@ def baseline(summary: dict, headline: str, rules: DecisionRules,
     if abs(aa["ratio"] - 1) > max_control_gap:
         return decide.Verdict(Status.REVERT, Correctness.PASS, (
             f"the same code timed twice differs by {100 * abs(aa['ratio'] - 1):.1f}% at the "
-            f"headline shape (allowed: {100 * max_control_gap:g}%, [verify] max_control_gap): "
+            f"headline shape (allowed: {100 * max_control_gap:g}%, the run's max_control_gap): "
             "this machine is too busy to time on, or the kernel's time is not its own (other "
-            "programs running, a clock that measures nothing); close them and start again"))
+            "programs running, a clock that measures nothing); close them and start again, "
+            "or allow a larger gap for this kernel (kernel.toml's [rules] max_control_gap, or "
+            "--max-control-gap when a run starts)"))
     return decide.Verdict(Status.KEEP, Correctness.PASS, "baseline; the same code timed twice "
                           f"differs by {100 * abs(aa['ratio'] - 1):.2f}% (noise "
                           f"{100 * summary[headline]['noise']:.2f}%) at the headline shape")

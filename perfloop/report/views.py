@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from perfloop.core import settings
 from perfloop.core.vocab import Status, Stop
 from perfloop.report import review
 from perfloop.store import records
@@ -80,7 +81,23 @@ def status(s: Session) -> dict:
             "impossible": impossible(recs),
             **stop_fields(st.stop), "interrupted": line(st.interrupted),
             "in_flight": st.in_flight, "table": str(s.table_path), "record": str(s.records_path),
-            "archived": archived(s)}
+            "archived": archived(s), "settings": settings_in_force(s)}
+
+
+def settings_in_force(s: Session) -> dict:
+    """{key: {value, from}} of the settings a kernel or a flag may set (perfloop.core.settings),
+    as the run pinned them: from a flag, kernel.toml's [rules], or rules.toml."""
+    return {key: {"value": value,
+                  "from": "flag" if key in s.state.overrides else
+                          "kernel.toml" if key in s.spec.rules else "rules.toml"}
+            for key, value in settings.in_force(s.playbook.rules).items()}
+
+
+def settings_line(found: dict) -> str | None:
+    """The settings not rules.toml's, in a line (None when all are)."""
+    own = [f"{key} {_setting(x['value'])} ({x['from']})" for key, x in found.items()
+           if x["from"] != "rules.toml"]
+    return "settings: " + ", ".join(own) if own else None
 
 
 def archived(s: Session) -> str | None:
@@ -93,10 +110,22 @@ def archived_line(folder: str) -> str:
             "(`--new` or a baseline that did not pass set it aside)")
 
 
+def retuned_lines(retuned: dict | None) -> list[str]:
+    """What a command's flags changed in the run's pinned rules (loop.retune)."""
+    return [f"{key}: {_setting(before)} -> {_setting(after)} for the rest of this run (kept "
+            "in state.json)" for key, (before, after) in (retuned or {}).items()]
+
+
+def _setting(value) -> str:
+    return "off" if value is None else f"{value:g}"
+
+
 def line(stop: Stop | None) -> str | None:
     return stop.detail if stop else None
 
 
 def stop_fields(stop: Stop | None) -> dict:
-    """`stopped`: the stop's line (as it always was); `stopped_by`: which rule, for code."""
-    return {"stopped": line(stop), "stopped_by": stop.reason if stop else None}
+    """`stopped`: the stop's line (as it always was); `stopped_by`: which rule, for code;
+    `never_tried`: the catalog entries a time-budget stop left untried."""
+    return {"stopped": line(stop), "stopped_by": stop.reason if stop else None,
+            "never_tried": list(stop.never_tried) if stop else None}

@@ -137,13 +137,34 @@ def _make_run(s: Session, previous: str, seed: int | None, sha: str) -> None:
                       base_commit=sha, incumbent=sha, judge=s.spec.judge_rel,
                       judge_sha256=sha256_file(s.spec.judge), manifest=s.spec.manifest_text,
                       perfloop_sha256=pins.perfloop_digest(),
-                      rules=s.playbook.rules_dict(), workload_seed=seed))
+                      rules=s.playbook.rules_dict(), overrides=dict(s.overrides),
+                      workload_seed=seed))
     except BaseException:
         s.forget_state()
         s.state_path.unlink(missing_ok=True)
         gitops.switch_back(s.repo, previous, branch)
         gitops.delete_ref(s.repo, base)
         raise
+
+
+def lifts_stop(s: Session) -> bool:
+    """Whether the command's flags would let a run its time budget stopped go on."""
+    stop = s.state.stop
+    return bool(stop and stop.reason is StopReason.TIME_BUDGET and "time_budget_s" in s.overrides
+                and s.overrides["time_budget_s"] != s.playbook.rules.stop.time_budget_s)
+
+
+def retune(s: Session) -> dict:
+    """The command's flags that a run in progress takes (the time budget) into its pinned
+    rules (Session.retune), once the command's checks have passed; a run its time budget
+    stopped goes on, for the planner to stop again if the new budget has no room either.
+    Returns {key: (before, after)}."""
+    lifted = lifts_stop(s)
+    changed = s.retune()
+    if lifted:
+        s.state.stop = None
+        s.save_state()
+    return changed
 
 
 def prepare_step(s: Session, kind: Kind) -> None:

@@ -3,6 +3,7 @@ started, and the checks that guard the user's work and the judge before anything
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import shutil
@@ -12,7 +13,7 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from perfloop.core import kernel, manifest, naming, plainfile, playbook
+from perfloop.core import kernel, manifest, naming, plainfile, playbook, settings
 from perfloop.core.atomic import write_json
 from perfloop.core.errors import CorruptRecord, EnvironmentFailure, NeedsGPU, UserError
 from perfloop.core.vocab import Kind, Stop, StopReason
@@ -50,7 +51,9 @@ class State:
     judge_sha256: str = ""    # pinned: the judge's content
     manifest: str = ""        # pinned: kernel.toml as committed at base_commit
     perfloop_sha256: str = "" # pinned: perfloop's own source files (pins.perfloop_digest)
-    rules: dict = field(default_factory=dict)   # pinned: the playbook's rules.toml values
+    rules: dict = field(default_factory=dict)   # pinned: the rules in force (rules.toml's,
+                                                # with kernel.toml's [rules] and the flags)
+    overrides: dict = field(default_factory=dict)  # the flags' settings in those rules
     kernel_class: str = ""
     intensity: float | None = None
     class_basis: str = ""     # how the class was read: against the device's ridge, or fixed bounds
@@ -67,6 +70,7 @@ class State:
         del out["stop"]
         out.update(stopped=self.stop and self.stop.detail,
                    stop_reason=self.stop and self.stop.reason,
+                   never_tried=list(self.stop.never_tried) if self.stop else None,
                    interrupted=self.interrupted and self.interrupted.detail,
                    schema=STATE_SCHEMA)
         return out
@@ -82,13 +86,16 @@ class State:
         if schema not in (STATE_SCHEMA, LEGACY_SCHEMA):
             raise ValueError(f"schema {schema}, expected {STATE_SCHEMA}")
         stopped, interrupted = raw.pop("stopped", None), raw.pop("interrupted", None)
+        untried = raw.pop("never_tried", None) or []
+        if not isinstance(untried, list) or not all(isinstance(i, str) for i in untried):
+            raise ValueError("'never_tried' is not a list of optimization ids")
         reason = raw.pop("stop_reason", None) if schema == STATE_SCHEMA else None
         for name, text in (("stopped", stopped), ("interrupted", interrupted)):
             if text is not None and not isinstance(text, str):
                 raise ValueError(f"'{name}' is not a string")
         if stopped is not None:
-            stop = Stop(StopReason(reason), stopped) if schema == STATE_SCHEMA \
-                else legacy_stop(stopped)
+            stop = Stop(StopReason(reason), stopped, tuple(untried)) \
+                if schema == STATE_SCHEMA else legacy_stop(stopped)
             if not stop.reason.final:  # (a paused run is not stopped: resume would not go on)
                 raise ValueError(f"'stop_reason' {reason} does not end a run")
         elif reason is not None:
@@ -98,6 +105,7 @@ class State:
         if interrupted is not None:
             interrupted = Stop(StopReason.INTERRUPTED, interrupted)
         check_flight(raw.get("in_flight"))
+        check_overrides(raw.get("overrides", {}))
         return cls(**raw, stop=stop, interrupted=interrupted)
 
 
@@ -118,6 +126,15 @@ def check_flight(flight) -> None:
     if flight["kind"] == Kind.PLAYBOOK and not all(k in flight for k in ("optimization",
                                                                          "values")):
         raise ValueError("'in_flight' of a playbook step needs 'optimization' and 'values'")
+
+
+def check_overrides(overrides) -> None:
+    """The flags' settings as settings.apply reads them, or ValueError."""
+    if not isinstance(overrides, dict) or not all(
+            key in settings.BY_KEY and (value is None or isinstance(value, (int, float))
+                                        and not isinstance(value, bool))
+            for key, value in overrides.items()):
+        raise ValueError(f"'overrides' must map {settings.KEYS} to numbers")
 
 
 def legacy_stop(words: str) -> Stop:
@@ -156,7 +173,10 @@ def sha256_file(path: Path) -> str:
 
 
 class Session:
-    def __init__(self, kernel_arg: str, playbook_dir: str | None = None):
+    def __init__(self, kernel_arg: str, playbook_dir: str | None = None,
+                 overrides: dict | None = None):
+        """`overrides`: the command's flags' settings (perfloop.core.settings), over
+        kernel.toml's [rules] and rules.toml; a run in progress keeps its own (retune)."""
         folder = kernel.find_folder(kernel_arg, gitops.cwd_root())
         self.repo = gitops.open_repo(folder)
         self.root = gitops.root(self.repo)
@@ -167,6 +187,10 @@ class Session:
         self._require_usable_name(self.spec.name)
         self.playbook_dir = playbook.resolve_dir(playbook_dir, self.root)
         self.playbook = playbook.load(self.playbook_dir)
+        self.book_rules = self.playbook.rules   # rules.toml's alone
+        self.overrides = dict(overrides or {})
+        self.playbook = dataclasses.replace(self.playbook, rules=settings.apply(
+            self.book_rules, {**self.spec.rules, **self.overrides}))
         self._files_in(self.root / "sandbox" / self.spec.name)
         self.archived: Path | None = None   # the archived run a reader reads (read_run)
         # each code's compile cache, shared by the processes that run that code (the judge's
@@ -263,11 +287,31 @@ class Session:
         """Use what the run pinned: its manifest and its rules, whatever the tree says now."""
         self._state = state
         self.spec = manifest.load_spec(self.spec.folder, self.root, state.manifest)
-        self.current_rules = self.playbook.rules
+        # what rules.toml, the pinned kernel.toml and the run's own flags give now
+        self.current_rules = settings.apply(self.book_rules,
+                                            {**self.spec.rules, **state.overrides})
         self.playbook = playbook.with_rules(self.playbook, state.rules)
 
     def require_run(self) -> State:
         return self.state
+
+    def retune(self) -> dict:
+        """The command's flags (those a run in progress takes: the time budget) into the run's
+        pinned rules, kept in its state; returns {key: (before, after)} of what changed.
+        Called once every check of the command has passed."""
+        st = self.state
+        rules = settings.apply(self.playbook.rules, self.overrides)
+        changed = {k: (before, settings.in_force(rules)[k])
+                   for k, before in settings.in_force(self.playbook.rules).items()
+                   if before != settings.in_force(rules)[k]}
+        if not changed:
+            return {}
+        st.overrides = {**st.overrides, **self.overrides}
+        st.rules = dataclasses.asdict(rules)
+        self.playbook = dataclasses.replace(self.playbook, rules=rules)
+        self.current_rules = settings.apply(self.book_rules, {**self.spec.rules, **st.overrides})
+        self.save_state()
+        return changed
 
     def read_run(self) -> State:
         """For a command that only reads: the current run, or where there is none the latest

@@ -1,0 +1,224 @@
+"""The settings a kernel (kernel.toml's [rules]) or a command's flags set over rules.toml's:
+the A/A limit, the cliff ratio and the time budget (issue 53: a busy machine is a normal
+machine, and copying the playbook was the only way out)."""
+
+import json
+import shutil
+
+import pytest
+from conftest import SCRIPTED, git
+from test_cli_errors import assert_one_line, human
+
+from perfloop.core import playbook, settings
+from perfloop.core.errors import UserError
+from perfloop.core.manifest import load_spec
+
+RULES = playbook.load(playbook.SHIPPED).rules
+
+
+def test_overrides_replace_only_their_own_values():
+    rules = settings.apply(RULES, {"max_control_gap": 0.1, "cliff_ratio": 8.0,
+                                   "time_budget_s": None})
+    assert settings.in_force(rules) == {"max_control_gap": 0.1, "cliff_ratio": 8.0,
+                                        "time_budget_s": None}
+    assert rules.verify.max_control_gap == 0.1 and rules.measure.cliff_ratio == 8.0
+    assert rules.stop.time_budget_s is None
+    assert rules.decision == RULES.decision and rules.search == RULES.search
+    assert rules.stop.max_iterations == RULES.stop.max_iterations
+    assert settings.apply(RULES, {}) == RULES
+
+
+@pytest.mark.parametrize("raw,expected", [
+    ({"max_control_gap": 0.1}, {"max_control_gap": 0.1}),
+    ({"cliff_ratio": 6, "time_budget_s": 900}, {"cliff_ratio": 6.0, "time_budget_s": 900.0}),
+    ({"cliff_ratio": 0, "time_budget_s": 0}, {"cliff_ratio": None, "time_budget_s": None}),
+])
+def test_a_kernels_rules_table(raw, expected):
+    assert settings.from_table(raw, "k.toml") == expected
+
+
+@pytest.mark.parametrize("raw,words", [
+    ({"keep_gain": 0.1}, "[rules] sets only max_control_gap, cliff_ratio, time_budget_s"),
+    ({"max_control_gap": 5}, "max_control_gap takes a share between 0 and 1"),
+    ({"max_control_gap": 0}, "max_control_gap takes a share between 0 and 1"),
+    ({"cliff_ratio": 1}, "cliff_ratio takes a ratio above 1"),
+    ({"cliff_ratio": "4"}, "cliff_ratio takes a ratio above 1"),
+    ({"time_budget_s": -1}, "time_budget_s takes seconds of experiments"),
+    ({"time_budget_s": True}, "time_budget_s takes seconds of experiments"),
+    ({"time_budget_s": float("nan")}, "time_budget_s takes seconds of experiments"),
+    (900, "[rules] must be a table"),
+])
+def test_a_kernels_rules_table_that_is_wrong(raw, words):
+    with pytest.raises(UserError) as caught:
+        settings.from_table(raw, "kernels/k/kernel.toml")
+    assert str(caught.value).startswith("kernels/k/kernel.toml: ") and words in str(caught.value)
+
+
+def _folder(tmp_path, rules: str):
+    repo = tmp_path / "repo"
+    shutil.copytree(SCRIPTED / "kernel", repo / "kernels" / "scripted")
+    (repo / "tests").mkdir()
+    shutil.copy(SCRIPTED / "judge_scripted.py", repo / "tests" / "judge_scripted.py")
+    manifest = repo / "kernels" / "scripted" / "kernel.toml"
+    manifest.write_text(manifest.read_text() + "\n[rules]\n" + rules)
+    git(tmp_path, "init", "-q", str(repo))
+    return repo
+
+
+def test_kernel_toml_carries_its_rules(tmp_path):
+    repo = _folder(tmp_path, "max_control_gap = 0.12\ntime_budget_s = 0\n")
+    spec = load_spec(repo / "kernels" / "scripted", repo)
+    assert spec.rules == {"max_control_gap": 0.12, "time_budget_s": None}
+
+
+def test_a_mistake_in_kernel_tomls_rules_is_one_line(tmp_path):
+    repo = _folder(tmp_path, "cliff_ratio = 0.5\n")
+    code, out, err = human(repo, "check", "--kernel", "scripted")
+    assert code == 2 and out == ""
+    assert_one_line(err, "kernel.toml: [rules] cliff_ratio takes a ratio above 1", "not 0.5")
+
+
+@pytest.mark.parametrize("args,words", [
+    (["init", "--max-control-gap", "2"], ["--max-control-gap takes a share", "not 2.0"]),
+    (["run", "--cliff-ratio", "0.5"], ["--cliff-ratio takes a ratio above 1", "not 0.5"]),
+    (["run", "--time-budget", "soon"], ["--time-budget", "'soon' is not a number"]),
+    (["step", "--opt", "fast_math", "--time-budget", "-5"], ["--time-budget takes seconds"]),
+    (["step", "--opt", "fast_math", "--cliff-ratio", "8"], ["unrecognized arguments: --cliff"]),
+])
+def test_a_flag_out_of_range_is_one_line(tmp_path, args, words):
+    repo = _folder(tmp_path, "")
+    code, out, err = human(repo, args[0], "--kernel", "scripted", *args[1:])
+    assert code == 2 and out == ""
+    assert_one_line(err, *words)
+    assert not (repo / "sandbox").exists()
+
+
+def test_the_busy_machine_remedies_are_in_the_help(capsys):
+    from perfloop.cli import parser
+
+    def help_of(command):
+        with pytest.raises(SystemExit):
+            parser().parse_args([command, "--help"])
+        return capsys.readouterr().out
+
+    for command in ("init", "run"):
+        assert all(flag in help_of(command) for flag in ("--max-control-gap", "--cliff-ratio",
+                                                         "--time-budget")), command
+    step = help_of("step")
+    assert "--time-budget" in step and "--cliff-ratio" not in step
+
+
+# ---- end to end: what is pinned, and how a run in progress takes a new budget --------------
+def _state(scratch) -> dict:
+    return json.loads((scratch.path / "sandbox/scripted/state.json").read_text())
+
+
+def test_flags_at_init_are_pinned_with_the_run_and_a_later_step_is_not_refused(scratch):
+    manifest = scratch.kernel / "kernel.toml"
+    manifest.write_text(manifest.read_text() + "\n[rules]\nmax_control_gap = 0.2\n"
+                                               "cliff_ratio = 6\n")
+    scratch.commit_all("the kernel's own rules")
+    code, out, err = scratch.cli("init", "--kernel", "scripted", "--cliff-ratio", "8",
+                                 "--time-budget", "900")
+    assert code == 0, err
+    state = _state(scratch)
+    assert state["rules"]["verify"]["max_control_gap"] == 0.2          # kernel.toml's
+    assert state["rules"]["measure"]["cliff_ratio"] == 8                # the flag's, over it
+    assert state["rules"]["stop"]["time_budget_s"] == 900
+    assert state["rules"]["decision"]["keep_gain"] == 0.05              # rules.toml's
+    assert state["overrides"] == {"cliff_ratio": 8, "time_budget_s": 900}
+    assert out["status"]["settings"] == {
+        "max_control_gap": {"value": 0.2, "from": "kernel.toml"},
+        "cliff_ratio": {"value": 8, "from": "flag"},
+        "time_budget_s": {"value": 900, "from": "flag"}}
+    code, out, err = scratch.cli("step", "--kernel", "scripted", "--opt", "fast_math")
+    assert code == 0, err
+    assert out["retuned"] == {}
+    code, text, err = human(scratch.path, "status", "--kernel", "scripted")
+    assert "settings: max_control_gap 0.2 (kernel.toml), cliff_ratio 8 (flag), " \
+           "time_budget_s 900 (flag)" in text, err
+    # rules.toml is pinned as ever: another playbook's laxer cliff is refused
+    lax = scratch.path.parent / "lax"
+    shutil.copytree(scratch.path / "playbook", lax)
+    rules = lax / "rules.toml"
+    rules.write_text(rules.read_text().replace("keep_gain = 0.05", "keep_gain = 0.5"))
+    code, out, _ = scratch.cli("step", "--kernel", "scripted", "--opt", "occupancy",
+                               "--playbook", str(lax))
+    assert code == 2 and "rules pinned when the run started" in out["error"]
+    # the settings that decide what is measured cannot change in a run in progress
+    before = scratch.snapshot()
+    code, out, _ = scratch.cli("run", "--kernel", "scripted", "--resume", "--cliff-ratio", "3")
+    assert code == 2 and "--cliff-ratio is pinned when a run starts" in out["error"]
+    assert "--new" in out["error"] and scratch.snapshot() == before
+    assert _state(scratch)["rules"]["measure"]["cliff_ratio"] == 8
+
+
+def test_a_run_its_time_budget_stopped_goes_on_with_a_new_budget(scratch):
+    manifest = scratch.kernel / "kernel.toml"
+    manifest.write_text(manifest.read_text() + "\n[rules]\ntime_budget_s = 1\n")
+    scratch.script([{"when": {"fast_math": True}, "factor": {"*": 0.8}},
+                    {"when": {"occupancy": 8}, "factor": {"*": 0.8}}])
+    scratch.commit_all("a budget of 1 s for this kernel, and two gains")
+    code, out, err = scratch.cli("init", "--kernel", "scripted")
+    assert code == 0 and out["status"]["stopped_by"] == "time-budget", err
+    # the stop says what the budget cut: the catalog entries never tried, and the way on
+    untried = out["status"]["never_tried"]
+    assert "fast_math" in untried and "occupancy" in untried, untried
+    assert f"never tried: {', '.join(untried)}" in out["status"]["stopped"]
+    assert "--time-budget" in out["status"]["stopped"]
+    code, text, err = human(scratch.path, "status", "--kernel", "scripted")
+    assert "stopped: time budget: " in text and "never tried: fast_math" in text, err
+    # a step raises it: the stop is lifted, and the run goes on
+    code, out, err = scratch.cli("step", "--kernel", "scripted", "--opt", "fast_math",
+                                 "--time-budget", "0")
+    assert code == 0, err
+    assert out["retuned"] == {"time_budget_s": [1, None]} and out["stopped"] is None
+    assert out["never_tried"] is None
+    state = _state(scratch)
+    assert state["rules"]["stop"]["time_budget_s"] is None and state["stopped"] is None
+    assert state["overrides"] == {"time_budget_s": None}
+    # ... and a later one lowers it again: the run stops by it
+    code, out, err = scratch.cli("step", "--kernel", "scripted", "--opt", "occupancy",
+                                 "--time-budget", "1")
+    assert code == 0 and out["stopped_by"] == "time-budget", err
+    # run --resume with a larger budget goes on from there, here for one iteration
+    code, out, err = scratch.cli("run", "--kernel", "scripted", "--resume", "--time-budget",
+                                 "100000", "--max-iterations", "1")
+    assert code == 0, err
+    assert out["retuned"] == {"time_budget_s": [1, 100000]}
+    assert out["stopped_by"] == "iterations-asked" and len(out["experiments_this_call"]) == 1
+    assert _state(scratch)["overrides"] == {"time_budget_s": 100000}
+
+
+def test_a_time_budget_stop_names_the_catalog_entries_it_never_tried():
+    from perfloop.core.vocab import Stop, StopReason
+    from perfloop.plan import decide
+    from perfloop.plan.planner import with_untried
+
+    ranked = [decide.Suggestion(opt, opt.values, 0, "why")
+              for opt in playbook.load(playbook.SHIPPED).optimizations[:2]]
+    budget = Stop(StopReason.TIME_BUDGET, "time budget: 480 s of experiments spent")
+    stop = with_untried(budget, ranked)
+    ids = tuple(sg.optimization.id for sg in ranked)
+    assert stop.never_tried == ids and stop.reason is StopReason.TIME_BUDGET
+    assert stop.detail.startswith(f"{budget.detail}; never tried: {', '.join(ids)} (")
+    # another rule, or nothing left untried: as it was
+    streak = Stop(StopReason.NO_IMPROVEMENT, "no improvement in 2 iterations")
+    assert with_untried(streak, ranked) == streak and with_untried(budget, []) == budget
+    assert with_untried(None, ranked) is None
+
+
+def test_state_keeps_the_flags_and_what_a_budget_left_untried():
+    from perfloop.core.vocab import Stop, StopReason
+    from perfloop.store.session import State
+
+    state = State(kernel="k", folder="kernels/k", branch="b", base_commit="a" * 40,
+                  incumbent="a" * 40, overrides={"time_budget_s": 900.0, "cliff_ratio": None},
+                  stop=Stop(StopReason.TIME_BUDGET, "time budget: ...", ("occupancy",)))
+    again = State.from_dict(json.loads(json.dumps(state.to_dict())))
+    assert again == state and again.stop.never_tried == ("occupancy",)
+    for bad in ({"keep_gain": 0.5}, {"time_budget_s": "900"}, ["time_budget_s"]):
+        with pytest.raises(ValueError, match="'overrides' must map"):
+            State.from_dict({**state.to_dict(), "overrides": bad})
+    with pytest.raises(ValueError, match="'never_tried' is not a list"):
+        State.from_dict({**state.to_dict(), "never_tried": "occupancy"})
