@@ -6,9 +6,9 @@ from pathlib import Path
 from perfloop.core.atomic import write_bytes, write_text
 from perfloop.core.errors import UserError
 from perfloop.core.naming import show_patch, show_value
-from perfloop.core.vocab import Correctness, Status
+from perfloop.core.vocab import Correctness, Kind, Status
 from perfloop.report import results, review, views
-from perfloop.store import preflight
+from perfloop.store import gitops, preflight
 from perfloop.store.session import Session
 
 HELP = "a reviewer's summary of the run: the kept changes, the speedup, each shape against its floor"
@@ -18,8 +18,10 @@ with the knobs it moved (old -> new; per bucket for a dispatch) and its gain, th
 and commit, the speedup of the final incumbent over the baseline as timed in one process when
 the run stopped (with its 95% interval; "not confirmed" before that), per shape the best time
 and its share of the physical floor, the competitors timed by the last `perfloop bench`
-(sandbox/<kernel>/bench.json), the time per phase, the stop reason and the environment.
-Only reads the record; --html and --png write the files they name.
+(sandbox/<kernel>/bench.json), the time per phase, the stop reason and the environment; and
+each --describe experiment with the change it judged (`git show <ref>`; in --json, --html and
+--results its diff, cut when long). Without a current run, the latest archived one. Only
+reads the record; --html, --png and --results write the files they name.
   --html PATH  one self-contained HTML file: this report, with plots (latency per iteration
                per shape, share of the floor per shape), images embedded, nothing fetched
   --png PATH   the latency plot alone
@@ -132,6 +134,7 @@ def execute(args):
         "speedup": {**{k: v for k, v in speedup.items() if k != "shapes"},
                     "confirmed": confirmed},
         "journey": review.journey(recs),
+        "edits": review.agent_edits(recs, _diffs(s, recs)),
         "final": {"commit": st.incumbent, "iteration": final.iteration if final else None,
                   "knobs": final.knobs if final else None},
         "best_iteration": kept[-1].iteration if kept else None,
@@ -148,13 +151,22 @@ def execute(args):
         with s.lock(git=False) if _in_sandbox(s, html_out, png_out) else nullcontext():
             _draw(out, recs, bench, html_out, png_out)
     if results_out:
-        write_text(results_out, results.page(_facts(s, recs, confirmation, bench, bench_info)))
+        write_text(results_out, results.page(_facts(s, recs, confirmation, bench, bench_info,
+                                                    out["edits"])))
     out["html"], out["png"] = (str(html_out) if html_out else None), (str(png_out) if png_out else None)
     out["results"] = str(results_out) if results_out else None
     return out
 
 
-def _facts(s: Session, recs, confirmation, bench, bench_info) -> results.RunFacts:
+def _diffs(s: Session, recs) -> dict[int, str | None]:
+    """Each --describe experiment's change: its commit against the incumbent it was compared
+    with, in the kernel folder (None where git no longer has either)."""
+    return {r.iteration: gitops.diff(s.repo, r.extra.get("incumbent_before") or "", r.commit,
+                                     s.folder_rel)
+            for r in recs if r.kind == Kind.AGENT}
+
+
+def _facts(s: Session, recs, confirmation, bench, bench_info, edits) -> results.RunFacts:
     """What RESULTS.md is made of: the baseline's machine, the table as written, the
     confirmation, the last bench."""
     table = s.table_path.read_text(encoding="utf-8") if s.table_path.exists() else ""
@@ -166,7 +178,8 @@ def _facts(s: Session, recs, confirmation, bench, bench_info) -> results.RunFact
         confirmation=(confirmation.shapes or None) if confirmation else None,
         confirmation_error=confirmation.error if confirmation else None,
         nothing_kept=bool(confirmation and confirmation.nothing_kept),
-        bench=bench, bench_of_final=bool(bench_info and bench_info["same_knobs_as_final"]))
+        bench=bench, bench_of_final=bool(bench_info and bench_info["same_knobs_as_final"]),
+        edits=edits)
 
 
 def _profile_summary(profile: dict | None, incumbent: str) -> dict | None:
@@ -251,6 +264,16 @@ def experiments_frame(r):
 
 
 # ---- text -----------------------------------------------------------------------------------
+def edit_lines(r) -> list[str]:
+    """The --describe experiments, each with the command that shows its change."""
+    if not r["edits"]:
+        return []
+    return ["", "your edits (--describe), each against the incumbent it was compared with:"] + [
+        f"  iteration {e['iteration']} {e['status']} ({_pct(e['gain'])}): {e['describe']}; "
+        f"`{e['show']}`" for e in r["edits"]]
+
+
+
 def summary_lines(r) -> list[str]:
     c = r["changes"]
     fails = c["correctness_failures"]
@@ -309,6 +332,7 @@ def render(r):
         journey = journey_frame(r)
         lines += ["", "kept changes (gain against the incumbent before it, in one process):",
                   journey.to_string(index=False) if len(journey) else "  none"]
+        lines += edit_lines(r)
         lines += ["", "final knobs:", knobs_frame(r).to_string(index=False)]
         lines += ["", "per shape (baseline and best each from its own experiment, in different "
                       "processes; the speedup from one process):",
@@ -357,12 +381,16 @@ def _draw(r, recs, bench, html_out: Path | None, png_out: Path | None) -> None:
             notes.append("No physical floor was recorded (the kernel is timed by a CPU clock), "
                          "so there is no share of the floor to draw.")
         notes += [line for line in [profile_line(r)] if line] + r["notes"]
-        sections = [("Kept changes", journey_frame(r)), ("Final knobs", knobs_frame(r)),
-                    ("Per shape (the speedup from one process; the other times each from its "
-                     "own experiment's process)", shapes_frame(r)),
-                    ("Latency per iteration: the median at each shape; kept, reverted, failed "
-                     "and crashed experiments and their other candidates marked apart; the "
-                     "floor and torch.compile as lines", latency_png)]
+        sections = [("Kept changes", journey_frame(r))]
+        if r["edits"]:
+            sections.append(("Your edits (--describe): each change against the incumbent it "
+                             "was compared with", r["edits"]))
+        sections += [("Final knobs", knobs_frame(r)),
+                     ("Per shape (the speedup from one process; the other times each from its "
+                      "own experiment's process)", shapes_frame(r)),
+                     ("Latency per iteration: the median at each shape; kept, reverted, failed "
+                      "and crashed experiments and their other candidates marked apart; the "
+                      "floor and torch.compile as lines", latency_png)]
         if share_fig is not None:
             sections.append(("Share of the physical floor per shape, baseline and final "
                              "(1.0 is the floor)", plots.png(share_fig)))

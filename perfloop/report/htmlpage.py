@@ -15,6 +15,8 @@ th, td { border: 1px solid #ccc; padding: 0.25em 0.5em; text-align: left; vertic
 th { background: #f3f3f3; } code { background: #f3f3f3; padding: 0 0.2em; }
 img { max-width: 100%; display: block; margin: 0.5em 0; }
 .note { color: #555; font-size: 0.9em; }
+pre.diff { background: #f7f7f7; border: 1px solid #ddd; padding: 0.5em; font-size: 0.8em;
+           overflow-x: auto; white-space: pre; }
 """
 
 
@@ -26,9 +28,24 @@ def _table(frame) -> str:
     return frame.to_html(index=False, escape=True, na_rep="-", border=0)
 
 
+def _edits(edits: list[dict]) -> str:
+    """Each --describe experiment: what it was, its verdict, and its diff (escaped)."""
+    e = html.escape
+    parts = []
+    for edit in edits:
+        parts.append(f"<h3>iteration {edit['iteration']}: {e(str(edit['describe']))} "
+                     f"({e(str(edit['status']))})</h3><p class=\"note\">{e(str(edit['reason']))}"
+                     f"; <code>{e(edit['show'])}</code></p>")
+        if edit["diff"]:
+            parts.append(f"<pre class=\"diff\">{e(edit['diff'])}</pre>")
+        if edit["note"]:
+            parts.append(f"<p class=\"note\">{e(edit['note'])}</p>")
+    return "\n".join(parts)
+
+
 def page(r: dict, notes: list[str], sections: list[tuple[str, object]]) -> str:
-    """`notes`: lines of text at the top; `sections`: (title, a DataFrame or PNG bytes), in
-    order."""
+    """`notes`: lines of text at the top; `sections`: (title, a DataFrame, PNG bytes, or the
+    report's `edits`), in order."""
     e = html.escape
     parts = [f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
              f"<title>perfloop report: {e(r['kernel'])}</title><style>{STYLE}</style></head><body>",
@@ -38,6 +55,8 @@ def page(r: dict, notes: list[str], sections: list[tuple[str, object]]) -> str:
         if isinstance(content, bytes):
             parts.append(f"<h2>{e(title)}</h2><figure><img alt=\"{e(title)}\" "
                          f"src=\"{data_uri(content)}\"></figure>")
+        elif isinstance(content, list):
+            parts.append(f"<h2>{e(title)}</h2>{_edits(content)}")
         else:
             parts.append(f"<h2>{e(title)}</h2>{_table(content)}")
     parts.append("</body></html>\n")

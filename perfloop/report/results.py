@@ -14,9 +14,10 @@ import json
 import time
 from dataclasses import dataclass
 
-from perfloop.report.review import BENCH_SELF
+from perfloop.report.review import BENCH_SELF, clip
 
 LIMIT = 6000
+EDITS_LIMIT = 2000   # characters of the --describe experiments' diffs on the page, all told
 WORKLOAD_KEY = "workload"
 # environment keys, in the order the machine's line names them, with how each is written
 MACHINE = {"gpu_name": "{}", "sm": "{}", "sm_count": "{} SMs", "driver": "driver {}",
@@ -42,12 +43,13 @@ class RunFacts:
     nothing_kept: bool = False      # the final incumbent is the baseline commit: nothing timed
     bench: dict | None = None       # bench.json
     bench_of_final: bool = False    # bench.json timed the final knobs
+    edits: tuple = ()               # the report's `edits`: each --describe experiment's diff
 
 
 def page(facts: RunFacts, limit: int = LIMIT) -> str:
     """The whole page; the workload's rows cut so that it stays within `limit` characters."""
     head = "\n".join([*intro(facts), "", *machine(facts.environment), "", *run_table(facts),
-                      *confirmation(facts), *bench_section(facts)])
+                      *confirmation(facts), *bench_section(facts), *edits_section(facts)])
     workload = (facts.bench or {}).get(WORKLOAD_KEY)
     if workload in (None, [], {}):
         return head + "\n"
@@ -123,6 +125,41 @@ def bench_section(f: RunFacts) -> list[str]:
                      f"{_num(row.get('median_ms'), '.4f')} | "
                      f"{_num(row.get('share_of_floor'), '.3f')} | {ratio} |")
     return lines
+
+
+def edits_section(f: RunFacts, limit: int = EDITS_LIMIT) -> list[str]:
+    """Each --describe experiment, its verdict and its diff, the diffs cut to `limit`
+    characters in all (each names `git show` for the whole change)."""
+    if not f.edits:
+        return []
+    lines = ["", "## Edits judged (--describe)", "",
+             "Each change against the incumbent it was compared with, kept or not.", ""]
+    left = limit
+    for e in f.edits:
+        lines.append(f"- iteration {e['iteration']}, {e['status']}: {e['describe']} "
+                     f"(`{e['show']}`)")
+        if not e["diff"]:
+            if e["note"]:
+                lines.append(f"  {e['note']}.")
+            continue
+        shown, cut = clip(e["diff"], chars=max(left, 0))
+        cut += e["diff_lines_left_out"]
+        left -= len(shown)
+        if shown:
+            fence = "`" * max(3, _longest_run(shown, "`") + 1)
+            lines += ["", f"{fence}diff", shown.rstrip("\n"), fence, ""]
+        if cut:
+            lines.append(f"  {cut} more lines of the diff left out to keep this page short; "
+                         f"the whole change: `{e['show']}`.")
+    return lines
+
+
+def _longest_run(text: str, char: str) -> int:
+    run = best = 0
+    for c in text:
+        run = run + 1 if c == char else 0
+        best = max(best, run)
+    return best
 
 
 # ---- the workload: whatever records bench.json's "workload" holds ---------------------------

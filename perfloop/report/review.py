@@ -18,6 +18,7 @@ from perfloop.core.playbook import freeze
 from perfloop.core.vocab import Correctness, Kind, Status
 from perfloop.store.records import Confirmation, Experiment, incumbent_timed, timed
 
+DIFF_LINES, DIFF_CHARS = 120, 8000   # an edit's diff in a report; git show holds the rest
 ONE_PROCESS = "one-process confirmation"
 NOTHING_KEPT = "nothing kept: the final incumbent is the baseline, so nothing was timed"
 # bench's label of the kernel itself, and of its second timing (the A/A control)
@@ -75,6 +76,49 @@ def journey(recs: list[Experiment]) -> list[dict]:
                     "commit": record.commit, "reason": record.reason})
         knobs = record.knobs
     return out
+
+
+def clip(text: str, lines: int = DIFF_LINES, chars: int = DIFF_CHARS) -> tuple[str, int]:
+    """`text` cut to at most `lines` whole lines and `chars` characters, and how many of its
+    lines were left out."""
+    all_lines = text.splitlines()
+    kept, size = [], 0
+    for line in all_lines[:lines]:
+        if size + len(line) + 1 > chars:
+            break
+        kept.append(line)
+        size += len(line) + 1
+    return "\n".join(kept) + ("\n" if kept else ""), len(all_lines) - len(kept)
+
+
+def agent_edits(recs: list[Experiment], diffs: dict[int, str | None],
+                lines: int = DIFF_LINES, chars: int = DIFF_CHARS) -> list[dict]:
+    """Each --describe experiment, kept or not, with the change it judged: `diffs` holds each
+    one's diff against the incumbent it was compared with (None: git no longer has it), cut
+    to `lines` and `chars`; the whole change is `show`."""
+    out = []
+    for record in recs:
+        if record.kind != Kind.AGENT:
+            continue
+        text = diffs.get(record.iteration)
+        shown, left = clip(text, lines, chars) if text is not None else (None, 0)
+        out.append({"iteration": record.iteration, "describe": record.describe,
+                    "status": record.status, "gain": record.gain, "reason": record.reason,
+                    "commit": record.commit,
+                    "incumbent_before": record.extra.get("incumbent_before"),
+                    "ref": record.ref, "show": f"git show {record.ref}", "diff": shown,
+                    "diff_lines_left_out": left,
+                    "note": edit_note(record.ref, text, left)})
+    return out
+
+
+def edit_note(ref: str, text: str | None, left: int) -> str | None:
+    if text is None:
+        return f"the diff is not in this repository any more (its commits were removed); " \
+               f"the record names {ref}"
+    if left:
+        return f"{left} more lines of the diff left out; the whole change: `git show {ref}`"
+    return None
 
 
 def _json(value):

@@ -245,6 +245,13 @@ def file_at(repo: git.Repo, sha: str, path: str) -> str | None:
         return None
 
 
+def diff(repo: git.Repo, before: str, after: str, path: str) -> str | None:
+    """`git diff before after -- path`, or None where either commit is not in the repository."""
+    if not (commit_exists(repo, before) and commit_exists(repo, after)):
+        return None
+    return repo.git.diff(before, after, "--", path, strip_newline_in_stdout=False)
+
+
 def blob_ids(repo: git.Repo, sha: str, paths: list[str]) -> dict[str, str]:
     """{path: blob id} for the paths tracked in commit `sha` (others are absent)."""
     if not paths:
