@@ -23,8 +23,8 @@ the run's speedup in `perfloop report`. A kernel whose run has finished is refus
 archives that run and starts another. --max-control-gap, --cliff-ratio and --time-budget
 set those rules for a new run over kernel.toml's [rules] and the playbook's rules.toml, and
 the run keeps them; with --resume only --time-budget, which replaces the run's budget from
-then on (a run its budget stopped goes on). Needs an NVIDIA GPU, unless the kernel is timed by a
-clock of its own (requires_gpu = false)."""
+then on (a run its budget stopped goes on). Needs an NVIDIA GPU, unless the kernel is timed
+by a clock of its own (requires_gpu = false)."""
 
 
 def add_arguments(p):
