@@ -86,7 +86,7 @@ class Scratch:
         shutil.copy(SCRIPTED / "judge_scripted.py", path / "tests" / "judge_scripted.py")
         shutil.copytree(ROOT / "playbook", path / "playbook")
         (path / "README.md").write_text("scratch\n")
-        self.rules(pass_env='["SCRIPTED_*"]')   # (the test kernel's own switches)
+        self.rules(pass_env='["SCRIPTED_*", "FAKE_NCU_*"]')   # (the test kernel's, ncu's)
         git(path, "init", "-q", "-b", "main")
         git(path, "config", "user.email", "t@example.com")
         git(path, "config", "user.name", "t")
@@ -118,6 +118,22 @@ class Scratch:
         git(path, "config", "user.name", "t")
         self.commit_all("shipped kernels")
         return self
+
+    def tree(self, judge: Path | str = "tests/judge_scripted.py"):
+        """The pinned tree a run would judge with (perfloop.store.pinned), of the working tree
+        as it is: a test's judge need not be committed."""
+        from perfloop.store import gitops, pinned, snapshot
+
+        repo = gitops.open_repo(self.path)
+        judge_rel = (Path(judge).relative_to(self.path) if Path(judge).is_absolute()
+                     else Path(judge)).as_posix()
+        folder_rel = self.kernel.relative_to(self.path).as_posix()
+        files = {pinned.INI: (snapshot.REGULAR, b"[pytest]\n")}
+        for folder in (Path(judge_rel).parent.as_posix(), folder_rel):
+            files.update({f"{folder}/{p}": v
+                          for p, v in snapshot.from_worktree(repo, self.path, folder).items()})
+        return pinned.written(files, ini=pinned.INI, judge_rel=judge_rel, folder_rel=folder_rel,
+                              under=self.path / "sandbox" / "pins")
 
     def commit_all(self, message: str) -> None:
         git(self.path, "add", "-A")

@@ -77,7 +77,8 @@ def test_an_uncommitted_manifest_edit_does_not_reach_a_new_run(scratch):
 def test_the_judge_edited_in_place_is_refused(scratch):
     before = _started(scratch)
     judge = scratch.path / "tests" / "judge_scripted.py"
-    judge.write_text(judge.read_text().replace("**EXACT)", "rtol=1e9, atol=1e9, max_rel_err=1e9)"))
+    judge.write_text(judge.read_text().replace("**TOLERANCE)",
+                                               "rtol=1e9, atol=1e9, max_rel_err=1e9)"))
     _set_mode(scratch, "wrong")
     code, out, _ = scratch.cli("step", "--kernel", "scripted", "--describe", "wrong, judge edited")
     assert code == 2 and "tests/judge_scripted.py" in out["error"]

@@ -3,7 +3,7 @@
 from conftest import git
 
 STEP_KEYS = {"schema", "command", "ok", "experiment", "incumbent", "stopped", "stopped_by",
-             "next"}
+             "next", "never_tried", "retuned"}
 EXPERIMENT_KEYS = {"iteration", "kind", "optimization", "knob", "value", "describe", "what",
                    "status", "correctness", "latency_ms", "gain", "reason", "commit", "ref"}
 SUGGESTION_KEYS = {"id", "title", "family", "knob", "knobs", "candidates", "rank", "reason"}
@@ -11,7 +11,7 @@ STATUS_KEYS = {"schema", "command", "ok", "kernel", "run_id", "branch", "kernel_
                "intensity_flop_per_byte", "class_basis", "base_commit", "incumbent",
                "baseline_latency_ms", "speedup_vs_baseline", "iterations", "experiments",
                "stopped", "stopped_by", "interrupted", "in_flight",
-               "table", "record"}
+               "table", "record", "never_tried", "settings", "archived", "impossible"}
 
 
 def test_agent_drives_init_next_step_status_through_json(scratch):

@@ -26,7 +26,7 @@ def _env(scratch, **extra) -> dict:
 
 
 def _judge(scratch, judge: Path, work: Path, variants, processes: int = 1, pool=None, env=None):
-    return judge_mod.judge(judge, variants, cwd=scratch.path, work=work,
+    return judge_mod.judge(scratch.tree(judge), variants, root=scratch.path, work=work,
                         deadline=time.monotonic() + 300, stall_s=120,
                         env=env or _env(scratch), processes=processes, share_cases=True,
                         pool=pool)
@@ -45,7 +45,7 @@ def test_a_request_written_before_perfloop_writes_it_is_never_judged(scratch, tm
     """Code that runs while the judge waits (the previous candidate's, in the timer) writes the
     waiting judge's request first: that process is dropped, a new one judges the candidate."""
     judge = scratch.path / "tests" / "judge_scripted.py"
-    pool = judge_mod.start_judges(judge, cwd=scratch.path, work=tmp_path / "ahead",
+    pool = judge_mod.start_judges(scratch.tree(judge), root=scratch.path, work=tmp_path / "ahead",
                                env=_env(scratch), processes=1)
     request, waiting, _ = pool.ready[0]
     time.sleep(4.0)  # past its imports: it polls for the file now
@@ -65,7 +65,7 @@ def test_a_request_read_and_removed_before_perfloop_writes_its_own_does_not_coun
     it is not perfloop's. Without that check the wrong candidate passed every case."""
     judge = scratch.path / "tests" / "judge_scripted.py"
     env = _env(scratch, SCRIPTED_DELAY_S="1.5")  # its cases last until perfloop has looked
-    pool = judge_mod.start_judges(judge, cwd=scratch.path, work=tmp_path / "ahead", env=env,
+    pool = judge_mod.start_judges(scratch.tree(judge), root=scratch.path, work=tmp_path / "ahead", env=env,
                                processes=1)
     request, waiting, _ = pool.ready[0]
     log, outputs = request.parent / "cases.jsonl", request.parent / "outputs"

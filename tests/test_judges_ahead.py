@@ -24,14 +24,14 @@ def _variants(scratch, **modes) -> list[dict]:
 
 
 def _judge(scratch, judge: Path, work: Path, variants, processes: int, pool=None, cache=None):
-    return judge_mod.judge(judge, variants, cwd=scratch.path, work=work,
+    return judge_mod.judge(scratch.tree(judge), variants, root=scratch.path, work=work,
                         deadline=time.monotonic() + 300, stall_s=120,
                         env=phases.child_env(scratch.path / "playbook"), processes=processes,
                         share_cases=True, pool=pool, cache=cache)
 
 
 def _start(scratch, judge: Path, work: Path, processes: int, **cache) -> judge_mod.JudgePool:
-    return judge_mod.start_judges(judge, cwd=scratch.path, work=work, processes=processes,
+    return judge_mod.start_judges(scratch.tree(judge), root=scratch.path, work=work, processes=processes,
                                env=phases.child_env(scratch.path / "playbook"), **cache)
 
 
@@ -174,15 +174,16 @@ def test_children_start_ahead_only_for_a_gpu_kernel_in_a_run_of_several_experime
     """A CPU kernel's clock would feel them starting; `perfloop step` runs one experiment."""
     monkeypatch.chdir(scratch.path)
     s = Session("scripted")
+    tree = scratch.tree()   # (the pinned tree of a run about to start)
     s.ahead = True
-    ahead.start(s)
+    ahead.start(s, tree)
     assert s.judges is None and s.timer is None  # requires_gpu = false
     s.spec = dataclasses.replace(s.spec, requires_gpu=True)
     s.ahead = False
-    ahead.start(s)
+    ahead.start(s, tree)
     assert s.judges is None and s.timer is None
     s.ahead = True
-    ahead.start(s)
+    ahead.start(s, tree)
     try:
         assert s.judges is not None and len(s.judges.ready) == judge_mod.processes_for(
             s.playbook.rules.judge_processes)  # (at most one per CPU)

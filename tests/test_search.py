@@ -1145,8 +1145,8 @@ def _judge_in_shards(scratch, work: Path, processes: int = 4, **modes):
     knobs = json.loads((scratch.kernel / "knobs.json").read_text())
     variants = [{"label": label, "folder": str(scratch.kernel), "knobs": {**knobs, "mode": mode}}
                 for label, mode in modes.items()]
-    return judge_mod.judge(scratch.path / "tests" / "judge_scripted.py", variants,
-                        cwd=scratch.path, work=work, deadline=time.monotonic() + 300,
+    return judge_mod.judge(scratch.tree(), variants,
+                        root=scratch.path, work=work, deadline=time.monotonic() + 300,
                         stall_s=120, env=phases.child_env(scratch.path / "playbook"),
                         processes=processes, share_cases=True)
 

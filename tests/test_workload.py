@@ -692,7 +692,7 @@ def test_each_declared_finalist_is_judged_as_a_variant_of_its_own():
     # check only each case's winner, so the loop asks the judge about each one outright
     from perfloop.core.dispatch_table import declared
     from perfloop.measure.judge import JudgeResult
-    from perfloop.run.outcomes import finalist_variants, with_finalists
+    from perfloop.measure.outcomes import finalist_variants, with_finalists
 
     finalists = declared(((("occupancy", 2), ("tile", (2, 0))),))
     name = next(iter(finalists))

@@ -29,18 +29,12 @@ from perfloop.core.vocab import (
     Kind,
     Outcome,
 )
-from perfloop.measure import judge, phases, process
+from perfloop.measure import judge, measurement, phases, trial
+from perfloop.measure.outcomes import apply_timing, finalist_variants, void
 from perfloop.plan import decide, weigh
 from perfloop.plan.proposal import Proposal
 from perfloop.run import ahead, recorded, screening
 from perfloop.run.finish import finish, knobs_digest
-from perfloop.run.outcomes import (
-    apply_timing,
-    finalist_variants,
-    judged_outcome,
-    void_if_foreign,
-    with_finalists,
-)
 from perfloop.store import gitops, records, snapshot
 from perfloop.store.session import Session
 
@@ -70,6 +64,7 @@ class Trial:
     incumbent_files: dict = field(default_factory=dict)  # its folder as committed (snapshot)
     candidate_files: dict | None = None              # an agent's edit, as committed
     exported: dict = field(default_factory=dict)     # label -> the files its export holds
+    where: dict = field(default_factory=dict)        # a fleet's: its tasks, workers, losses
     control: dict | None = None                      # the incumbent's A/A control
     drift: list = field(default_factory=list)        # files of the folder edited mid-step
     variants: list = field(default_factory=list)     # the incumbent first, then candidates
@@ -256,8 +251,8 @@ def screen(t: Trial) -> None:
     out = {v["label"]: (Outcome.OK, "") for v in t.candidates}
     if not timing.crashed and timing.raw:
         apply_timing(out, timing, Kind.PLAYBOOK)
-        void_if_foreign(t.s, out, timing.imports, t.allowed, "kernel code imported {} from "
-                        "outside its folder while screened, which no experiment commits")
+        void(out, t.s.foreign_imports(t.allowed)(timing.imports), "kernel code imported {} "
+             "from outside its folder while screened, which no experiment commits")
     t.screened, t.screen_ratios = screening.sift(out, timing, t.rules.search.screen_keep,
                                                  t.choosing.name)
     t.phase_s["screen"] = phases.elapsed(start)
@@ -266,22 +261,36 @@ def screen(t: Trial) -> None:
 
 
 def judge_and_time(t: Trial) -> None:
-    """The timer starts (and builds) while the judge runs; it times what passed."""
+    """The judge and the timer (perfloop.measure.measurement), here or on a fleet's worker."""
     s = t.s
-    env = phases.child_env(s.playbook_dir, s.playbook.rules.pass_env)
-    timer = _start_timer(t, env)
-    warmers = phases.start_warmers(
-        _timed_variants(t, control=False), t.timed_shapes,
-        processes=t.rules.compile_processes, contract=t.contract_dir, work=t.work, cwd=s.root,
-        env=env, confinement=s.confinement(), cache=s.compile_cache
-    ) if s.spec.requires_gpu and t.candidates else []
-    _judge(t, env, timer, warmers)
-    passing = [v for v in t.candidates if t.outcome[v["label"]][0] == Outcome.OK]
-    t.judge_passed = bool(passing)
-    if passing:
-        _time(t, timer, [v["label"] for v in passing] if t.kind != Kind.BASELINE else [])
+    declared = dispatch.declared(getattr(s.spec.workload, "finalists", ()))
+    same = t.kind != Kind.BASELINE and all(_same_code(c["folder"], t.incumbent_dir)
+                                           for c in t.candidates)
+    plan = trial.Plan(
+        kind=t.kind, iteration=t.iteration, incumbent=t.variants[0], control=t.control,
+        candidates=t.candidates,
+        finalists=finalist_variants(t.candidates, declared,
+                                    t.incumbent_knobs if same else None),
+        shapes=t.timed_shapes, choosing=t.choosing.name, tolerance=s.spec.tolerance,
+        rules=t.rules, requires_gpu=s.spec.requires_gpu, deadline=t.deadline,
+        only_buckets=_touched_buckets(t), always=[s.spec.headline.name, *_tuned(t)])
+    place = trial.Place(
+        root=s.root, work=t.work, pinned=t.pinned,
+        env=phases.child_env(s.playbook_dir, s.playbook.rules.pass_env),
+        confinement=s.confinement(), cache=s.compile_cache, ceilings_cache=s.ceilings_cache,
+        foreign=s.foreign_imports(t.allowed))
+    if s.fleet is not None:   # on a fleet's workers (perfloop.fleet.driver)
+        got = s.fleet.measure(s, t, plan)
+        t.where = got.where
     else:
-        phases.abandon(timer)
+        pool, s.judges = s.judges, None  # started while the previous experiment was timed
+        waiting, s.timer = s.timer, None
+        got = measurement.measure(plan, place, pool=pool, waiting=waiting,
+                                  after_judge=lambda: ahead.start(s))
+    t.outcome, t.judged, t.timing, t.passes, t.best = (got.outcome, got.judged, got.timing,
+                                                       got.passes, got.best)
+    t.judge_passed, t.compile_ahead = got.judge_passed, got.compile_ahead
+    t.phase_s.update(got.phase_s)
     if s.perfloop_changed():  # (where no sandbox kept kernel code from perfloop's files)
         _fail_all(t, "perfloop's own source files changed while kernel code ran")
     _check_drift(t)
@@ -314,69 +323,6 @@ def _check_drift(t: Trial) -> None:
                      "is left as it is, uncommitted")
 
 
-def _timed_variants(t: Trial, control: bool = True) -> list:
-    """The incumbent, its A/A control, then the candidates (none for a baseline)."""
-    head = [t.variants[0]] + ([t.control] if control else [])
-    return head + (t.candidates if t.kind != Kind.BASELINE else [])
-
-
-def _start_timer(t: Trial, env: dict):
-    s = t.s
-    waiting, s.timer = s.timer, None  # started while the previous experiment was timed
-    if not t.candidates:
-        if waiting:
-            waiting[1].kill()
-        return None
-    return phases.start_timing(
-        _timed_variants(t), t.timed_shapes, t.rules,
-        contract=t.contract_dir, tolerance=s.spec.tolerance, headline=t.choosing.name,
-        ceilings_cache=s.ceilings_cache, work=t.work, cwd=s.root, env=env,
-        confinement=s.confinement(), cache=s.compile_cache,
-        only_buckets=_touched_buckets(t), always=[s.spec.headline.name, *_tuned(t)],
-        ahead=waiting,
-        held_back_if_gain=True)
-
-
-def _judge(t: Trial, env: dict, timer, warmers: list) -> None:
-    s = t.s
-    pool, s.judges = s.judges, None  # started while the previous experiment was timed
-    same = t.kind != Kind.BASELINE and all(_same_code(c["folder"], t.incumbent_dir)
-                                           for c in t.candidates)
-    declared = dispatch.declared(getattr(s.spec.workload, "finalists", ()))
-    finalists = finalist_variants(t.candidates, declared, t.incumbent_knobs if same else None)
-    extra = [v for vs in finalists.values() for v in vs]
-    try:
-        judged = judge.judge(
-            t.pinned, t.candidates + extra, root=s.root, work=t.work,
-            deadline=t.deadline, stall_s=t.rules.stall_timeout_s, env=env,
-            processes=judge.processes_for(t.rules.judge_processes),
-            share_cases=s.spec.requires_gpu,  # its cases compile
-            replay_only=[t.variants[0], t.control], pool=pool,
-            confinement=s.confinement(), cache=s.compile_cache
-        ) if t.candidates else judge.JudgeResult(detail="none left to judge")
-    except BaseException:  # Ctrl-C while judging: the waiting worker goes too
-        phases.abandon(timer)
-        raise
-    finally:
-        warmed = phases.stop_warmers(warmers)
-        process.kill_strays()  # (what a warmer's kernel code left, before any batch is timed)
-        if pool:
-            pool.discard()
-    ahead.start(s)  # the next experiment's judges and timer, while this one is timed
-    t.judged = judged
-    t.phase_s["correctness"] = judged.wall_s
-    if judged.passes_s:   # the rest is the reference pass's comparison and verdict
-        t.phase_s["judge_passes"] = judged.passes_s
-    t.compile_ahead = {"processes": len(warmers), "finished_while_judged": warmed,
-                       "judge_processes": judged.processes}
-    crashpoint("correctness", t.iteration)
-    t.outcome = with_finalists({v["label"]: judged_outcome(v["label"], judged)
-                                for v in t.candidates}, finalists, judged)
-    void_if_foreign(s, t.outcome, judged.imports, t.allowed,
-                    "the judge imported {}, which differs from the run's base commit: its "
-                    "verdict does not count")
-
-
 def _same_code(a, b) -> bool:
     """Whether two kernel folders hold the same Python files, byte for byte."""
     def code(folder):
@@ -385,25 +331,6 @@ def _same_code(a, b) -> bool:
         return code(a) == code(b)
     except OSError:
         return False
-
-
-def _time(t: Trial, timer, labels: list[str]) -> None:
-    timing = phases.finish_timing(timer, labels, deadline=t.deadline, select=len(labels) > 1,
-                                  replay=t.judged.replay)
-    t.timing = timing
-    t.phase_s["timing"] = round(timing.wall_s - t.judged.wall_s, 3)  # after the judge
-    crashpoint("timing", t.iteration)
-    apply_timing(t.outcome, timing, t.kind)
-    void_if_foreign(t.s, t.outcome, timing.imports, t.allowed,
-                    "kernel code imported {} from outside its folder, which no experiment "
-                    "commits")
-    if timing.crashed or not timing.raw:  # (empty when every candidate was dropped)
-        return
-    t.passes = [phases.summarize_pass(p, ceiling=timing.raw.get("ceilings"))
-                for p in timing.raw["passes"]]
-    best = timing.raw.get("best") if t.kind != Kind.BASELINE else INCUMBENT
-    if best is not None and t.outcome.get(best, (Outcome.OK,))[0] == Outcome.OK:
-        t.best = best
 
 
 def _tuned(t: Trial) -> list[str]:
@@ -541,6 +468,8 @@ def record_trial(t: Trial, verdict: decide.Verdict, commit: str) -> records.Expe
     if t.kind == Kind.PLAYBOOK and (knob not in (None, naming.MULTI, dispatch.KEY)
                                     or t.proposal.optimization.knobs):
         line["every_bucket"] = True   # its values ran in every bucket's entry too
+    if t.where:   # measured on a fleet: which machines and GPUs, and any worker lost
+        line["fleet"] = t.where
     if t.proposal.sampler:  # a joint search: what chose its configs, out of how many
         line["sampler"] = t.proposal.sampler
     if t.screen_ratios:  # every candidate's ratio where it was screened (the headline's)

@@ -138,7 +138,8 @@ def _make_run(s: Session, previous: str, seed: int | None, sha: str) -> None:
                       judge_sha256=sha256_file(s.spec.judge), manifest=s.spec.manifest_text,
                       perfloop_sha256=pins.perfloop_digest(),
                       rules=s.playbook.rules_dict(), overrides=dict(s.overrides),
-                      workload_seed=seed))
+                      workload_seed=seed,
+                      worktree=str(s.root) if s.sandboxes != s.root / "sandbox" else ""))
     except BaseException:
         s.forget_state()
         s.state_path.unlink(missing_ok=True)

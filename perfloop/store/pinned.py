@@ -100,6 +100,13 @@ def _join(directory: str, name: str) -> str:
 def ensure(repo: git.Repo, base: str, folder_rel: str, judge_rel: str, under: Path) -> Pinned:
     """The pinned tree of a run on `base`, written under `under` (or found there, unchanged)."""
     files, ini = files_for(repo, base, folder_rel, judge_rel)
+    return written(files, ini=ini, judge_rel=judge_rel, folder_rel=folder_rel, under=under)
+
+
+def written(files: dict, *, ini: str, judge_rel: str, folder_rel: str, under: Path) -> Pinned:
+    """The tree of these files (files_for's) under `under`, at their content address (written
+    again where what is there differs): on the machine that holds the repository, or on a
+    fleet's worker, which gets the files as data."""
     root = Path(under) / snapshot.digest(files)[:16]
     if not root.is_dir() or snapshot.read_back(root) != files:
         snapshot.write(files, root)

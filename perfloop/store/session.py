@@ -62,6 +62,7 @@ class State:
     in_flight: dict | None = None
     started_at: float = field(default_factory=time.time)
     workload_seed: int | None = None  # held-out shapes are drawn with it (perfloop.core.workload)
+    worktree: str = ""        # a fleet's lane: the worktree the run lives in (perfloop.fleet)
     schema: int = STATE_SCHEMA
 
     def to_dict(self) -> dict:
@@ -174,12 +175,20 @@ def sha256_file(path: Path) -> str:
 
 class Session:
     def __init__(self, kernel_arg: str, playbook_dir: str | None = None,
-                 overrides: dict | None = None):
+                 overrides: dict | None = None, sandboxes: Path | None = None):
         """`overrides`: the command's flags' settings (perfloop.core.settings), over
-        kernel.toml's [rules] and rules.toml; a run in progress keeps its own (retune)."""
+        kernel.toml's [rules] and rules.toml; a run in progress keeps its own (retune).
+        `sandboxes`: where the runs' files live (default: the repository's sandbox/; a
+        fleet's lane, in a worktree of its own, keeps them in the main tree's)."""
         folder = kernel.find_folder(kernel_arg, gitops.cwd_root())
         self.repo = gitops.open_repo(folder)
         self.root = gitops.root(self.repo)
+        # a fleet's lane lives in a worktree under the main tree's sandbox/worktrees/, and
+        # keeps its files beside every other run's, in the main tree's sandbox/
+        main = Path(self.repo.common_dir).resolve().parent
+        lane = self.root != main and main / "sandbox" / "worktrees" in self.root.parents
+        self.sandboxes = Path(sandboxes) if sandboxes else \
+            main / "sandbox" if lane else self.root / "sandbox"
         self.folder_rel = gitops.rel(self.repo, folder)
         # the committed manifest: an uncommitted edit to it never changes what a run measures
         committed = gitops.file_at(self.repo, "HEAD", f"{self.folder_rel}/{kernel.MANIFEST}")
@@ -191,18 +200,19 @@ class Session:
         self.overrides = dict(overrides or {})
         self.playbook = dataclasses.replace(self.playbook, rules=settings.apply(
             self.book_rules, {**self.spec.rules, **self.overrides}))
-        self._files_in(self.root / "sandbox" / self.spec.name)
+        self._files_in(self.sandboxes / self.spec.name)
         self.archived: Path | None = None   # the archived run a reader reads (read_run)
         # each code's compile cache, shared by the processes that run that code (the judge's
         # kernel passes, the warmers, the timer's launchers): perfloop.core.sandbox.linked_cache
         self.compile_cache = self.sandbox / "cache"
-        self.ceilings_cache = self.root / "sandbox" / "device_ceilings.json"
+        self.ceilings_cache = self.sandboxes / "device_ceilings.json"
         self._state: State | None = None
         self._pinned: dict = {}      # base commit -> its pinned tree, written by this process
         self.judges = None          # judge processes started ahead (judge.JudgePool)
         self.timer = None           # a timing worker started ahead (phases.start_timer_ahead)
         self.ahead = False          # set by a caller that runs experiments one after another
         self.locked = False         # this process holds the kernel's lock (Session.lock)
+        self.fleet = None           # where experiments are measured, if not here (fleet.driver)
 
     def _files_in(self, sandbox: Path) -> None:
         """The run's files: those in `sandbox` (the kernel's, or an archived run's folder)."""
@@ -215,7 +225,7 @@ class Session:
     @property
     def archive(self) -> Path:
         """Where runs set aside (`--new`, a baseline that did not pass) are kept."""
-        return self.root / "sandbox" / "_archive" / self.spec.name
+        return self.sandboxes / "_archive" / self.spec.name
 
     def _require_usable_name(self, name: str) -> None:
         """The kernel's name names its sandbox folder, its lock and its run's branch."""
@@ -232,7 +242,7 @@ class Session:
     def lock(self, git: bool = True):
         """This kernel's lock (its sandbox files), and with `git` the working tree's (its
         branch, index and refs), for a command that writes; Busy names the holder."""
-        kernel_lock = self.root / "sandbox" / ".locks" / f"{self.spec.name}.lock"
+        kernel_lock = self.sandboxes / ".locks" / f"{self.spec.name}.lock"
         tree_lock = gitops.git_path(self.repo, "perfloop.lock") if git else None
         with lock.hold(kernel_lock, f"kernel '{self.spec.name}'"), \
                 (lock.hold(tree_lock, f"the working tree {self.root} (its branch and index)")
@@ -251,13 +261,13 @@ class Session:
         git_dir, objects = Path(self.repo.git_dir), gitops.git_path(self.repo, "objects")
         knobs = self.spec.folder / kernel.KNOBS
         preflight.require_writable({
-            self.root / "sandbox": "the run's record and each experiment's files",
+            self.sandboxes: "the run's record and each experiment's files",
             self.sandbox: "the run's record and each experiment's files",
             self.spec.folder: "the knobs of each experiment",
             knobs if knobs.exists() else self.spec.folder: "the knobs of each experiment",
             git_dir: "the index and the refs of each experiment's commit",
             objects: "each experiment's commit"})
-        preflight.require_room([self.root / "sandbox", self.spec.folder, objects])
+        preflight.require_room([self.sandboxes, self.spec.folder, objects])
         rel = f"{self.folder_rel}/{kernel.MODULE}"
         preflight.require_compiles(gitops.file_at(self.repo, commit, rel),
                                    f"{rel} at {commit[:12]}")
@@ -479,6 +489,12 @@ class Session:
 
     def require_on_branch(self) -> None:
         branch = self.state.branch
+        home = self.state.worktree
+        if home and Path(home).resolve() != self.root:
+            raise UserError(f"the run of '{self.spec.name}' lives in the worktree {home} (a "
+                            f"fleet's lane), on branch {branch}: run perfloop there (`cd "
+                            f"{home}`), or go on with the fleet (`perfloop run --kernel "
+                            f"{self.spec.name} ... --resume` with its --gpus or --workers)")
         if not gitops.branch_exists(self.repo, branch):
             raise UserError(f"the run's branch {branch} no longer exists (its experiments are "
                             f"under {gitops.REF_PREFIX}/{branch}/); start a new run with --new")
@@ -492,6 +508,15 @@ class Session:
             raise UserError(f"branch {self.state.branch} has moved off the incumbent "
                             f"{self.state.incumbent[:12]}; perfloop will not guess which "
                             "commit to compare against")
+
+    def foreign_imports(self, allowed: list[Path]):
+        """What a Place's `foreign` asks (perfloop.measure.measurement): of the files a child
+        imported, those inside the repository neither in `allowed` (the exports, the pinned
+        tree, the work folder) nor identical to the run's base commit."""
+        def foreign(imported: set) -> list[str]:
+            return pins.unpinned_imports(self.repo, self.root, sorted(imported),
+                                         self.state.base_commit, allowed)
+        return foreign
 
     def perfloop_changed(self) -> bool:
         """Whether perfloop's own source files differ from those pinned when the run started."""

@@ -5,22 +5,19 @@ from __future__ import annotations
 
 from perfloop.core import dispatch_table
 from perfloop.core.vocab import CONTROL, INCUMBENT, Kind, Outcome
-from perfloop.measure import judge, phases
-from perfloop.store import gitops, pins
-from perfloop.store.session import Session
 
 
-def void_if_foreign(s: Session, outcome: dict, imported: set, allowed: list, why: str) -> None:
-    """A verdict reached by a process that imported repository files the run did not pin
-    (besides the candidate's folder and perfloop's exports) counts for nothing: all fail."""
-    foreign = pins.unpinned_imports(s.repo, s.root, sorted(imported), s.state.base_commit,
-                                     allowed)
+def void(outcome: dict, foreign: list[str], why: str) -> None:
+    """A verdict reached by a process that imported files the run did not pin (`foreign`,
+    named in `why`'s {}) counts for nothing: all fail."""
     if foreign:
+        shown = ", ".join(foreign[:5]) + (" ..." if len(foreign) > 5 else "")
         for label in outcome:
-            outcome[label] = (Outcome.FAIL, why.format(gitops.listing(foreign)))
+            outcome[label] = (Outcome.FAIL, why.format(shown))
 
 
-def judged_outcome(label: str, judged: judge.JudgeResult) -> tuple[str, str]:
+def judged_outcome(label: str, judged) -> tuple[str, str]:
+    """From a perfloop.measure.judge.JudgeResult."""
     if label in judged.crashed:
         return Outcome.CRASH, judged.crashed[label]
     if label in judged.doubted:
@@ -40,7 +37,8 @@ def dropped(why: dict) -> Outcome:
     return Outcome(why["kind"]) if why["kind"] in (Outcome.FAIL, Outcome.SLOW) else Outcome.CRASH
 
 
-def apply_timing(outcome: dict, timing: phases.Timing, kind: Kind) -> None:
+def apply_timing(outcome: dict, timing, kind: Kind) -> None:
+    """From a perfloop.measure.phases.Timing."""
     for label, why in timing.excluded.items():
         outcome[label] = (dropped(why), why["reason"])
     for label, why in (timing.raw.get("failed") or {}).items():
