@@ -8,4 +8,5 @@ sys.path[:] = [p for p in sys.path if p not in ("", ".", _here)]
 
 from perfloop.cli import main  # noqa: E402
 
-raise SystemExit(main())
+if __name__ == "__main__":   # (a fleet's worker processes start by importing this module)
+    raise SystemExit(main())

@@ -79,8 +79,15 @@ def parser(json_help: bool = False) -> argparse.ArgumentParser:
         sub = subs.add_parser(name, help=module.HELP, description=module.DESCRIPTION,
                               json_help=json_help,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-        sub.add_argument("--kernel", required=True, metavar="NAME|PATH",
-                         help="a kernel under kernels/ (e.g. swiglu) or a path to a kernel folder")
+        if getattr(module, "KERNELS", 1) == 1:
+            sub.add_argument("--kernel", required=True, metavar="NAME|PATH",
+                             help="a kernel under kernels/ (e.g. swiglu) or a path to a "
+                                  "kernel folder")
+        else:   # (run: several kernels at once, on a fleet)
+            sub.add_argument("--kernel", action="append", metavar="NAME|PATH",
+                             help="a kernel under kernels/ (e.g. swiglu) or a path to a "
+                                  "kernel folder; more than one (or --all) runs them at once "
+                                  "on a fleet (--gpus, --workers or --scheduler)")
         sub.add_argument("--playbook", metavar="DIR",
                          help="playbook directory (default: the repository's playbook/)")
         if getattr(module, "JSON", True):

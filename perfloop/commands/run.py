@@ -1,7 +1,7 @@
 import sys
 
 from perfloop.commands import options
-from perfloop.commands.options import non_negative
+from perfloop.commands.options import non_negative, positive
 from perfloop.core import progress, settings
 from perfloop.core.errors import UserError
 from perfloop.core.vocab import Status, StopReason
@@ -11,6 +11,7 @@ from perfloop.run import ahead, loop
 from perfloop.store.session import Session, require_gpu
 
 HELP = "the whole loop, unattended: baseline, then one optimization per iteration until a stop rule"
+KERNELS = "many"   # --kernel a --kernel b, --all: a fleet's
 DESCRIPTION = """\
 Runs the optimization loop on a kernel: a new branch, iteration 0 (baseline), then the
 playbook's optimizations one per iteration, each judged by the kernel's correctness tests and
@@ -24,7 +25,14 @@ archives that run and starts another. --max-control-gap, --cliff-ratio and --tim
 set those rules for a new run over kernel.toml's [rules] and the playbook's rules.toml, and
 the run keeps them; with --resume only --time-budget, which replaces the run's budget from
 then on (a run its budget stopped goes on). Needs an NVIDIA GPU, unless the kernel is timed
-by a clock of its own (requires_gpu = false)."""
+by a clock of its own (requires_gpu = false).
+
+On a fleet (docs/fleet.md; pip install -e ".[fleet]"): --gpus N|all|0,2 starts a Dask worker
+per GPU of this machine, --workers N that many without GPUs (kernels timed on the CPU),
+--scheduler tcp://HOST:8786 uses a cluster whose workers were started on each node. Several
+kernels (--kernel a --kernel b, or --all) then run at once, each in a worktree of its own under
+sandbox/worktrees/, and each step's candidates are judged and timed on several GPUs at once,
+every one against the incumbent timed on its own GPU."""
 
 
 def add_arguments(p):
@@ -39,11 +47,43 @@ def add_arguments(p):
     p.add_argument("--profile", action="store_true",
                    help="profile the incumbent with Nsight Compute after each kept change "
                         "(`perfloop profile`), so the next suggestions rank by it")
+    p.add_argument("--all", action="store_true", help="every kernel under kernels/, on a fleet")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--gpus", metavar="N|all|LIST",
+                       help="a fleet of one Dask worker per GPU of this machine: the first N, "
+                            "all, or those listed (0,2)")
+    where.add_argument("--workers", type=positive, metavar="N",
+                       help="a fleet of N Dask workers without GPUs (kernels timed on the CPU)")
+    where.add_argument("--scheduler", metavar="tcp://HOST:PORT",
+                       help="a fleet on a running Dask scheduler, its workers each started "
+                            "with one GPU (`dask worker ADDRESS --nworkers N --resources "
+                            "GPU=1`)")
 
 
 
 
 def execute(args):
+    kernels, fleet = list(args.kernel or []), args.gpus or args.workers or args.scheduler
+    if args.all and kernels:
+        raise UserError("--all runs every kernel: name none with --kernel")
+    if not (kernels or args.all):
+        raise UserError("name the kernel to run: --kernel NAME (several, or --all, on a fleet)")
+    if args.all or len(kernels) > 1 or fleet:
+        if not fleet:
+            raise UserError("several kernels run at once on a fleet: add --gpus all (or "
+                            "--workers N for kernels timed on the CPU, --scheduler ADDRESS "
+                            "for a cluster)")
+        if args.profile:
+            raise UserError("--profile profiles on this machine, not on a fleet's: run "
+                            "`perfloop profile --kernel NAME` after the fleet")
+        from perfloop.fleet import command
+
+        return command.execute(args, kernels, options.overrides(args), _lane)
+    args.kernel = kernels[0]
+    return _single(args)
+
+
+def _single(args):
     flags = options.overrides(args)
     pinned = [x.flag for x in settings.SETTINGS if x.pinned_at_start and x.key in flags]
     if args.resume and pinned:
@@ -61,15 +101,23 @@ def execute(args):
             ahead.discard(s)
 
 
-def _execute(s, args):
+def _lane(s, args, say: str | None):
+    """One kernel of a fleet (perfloop.fleet.command), as `perfloop run` runs it here."""
+    with s.lock(), loop.interruptible(s):
+        return _execute(s, args, say)
+
+
+def _execute(s, args, say: str | None = ""):
+    """The run of one kernel; each experiment's line printed as it comes, after `say` (a
+    fleet's lane: its kernel's name), or not at all (None)."""
     lines, profiles = [], []
 
     def report(record):
         e = views.experiment(record)
         lines.append(e)
-        if not args.json:
+        if not args.json and say is not None:
             with progress.paused():
-                print(views.experiment_line(e), flush=True)
+                print(say + views.experiment_line(e), flush=True)
         if args.profile and record.status == Status.KEEP and not any(
                 p.get("gave_up") for p in profiles):
             profiles.append(_profile(s, record.iteration, quiet=args.json))
@@ -123,6 +171,10 @@ def _profile(s, iteration: int, quiet: bool) -> dict:
 
 
 def render(r):
+    if "kernels" in r:   # a fleet's
+        from perfloop.fleet import command
+
+        return command.render(r, render)
     st = r["status"]
     if st is None:
         return r["stop_reason"]

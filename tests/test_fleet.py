@@ -1,0 +1,228 @@
+"""The fleet (perfloop.fleet): a step's candidates split across workers and merged by ratios
+formed on one GPU each, a lost worker's task run again and named, Ctrl-C reaching every
+worker's children, one line for what cannot start, and, end to end on a local Dask cluster of
+processes, two kernels at once in one repository and a step across three workers that keeps
+what the same step keeps on one."""
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import Scratch, git
+
+from perfloop.core.errors import Busy, UserError
+from perfloop.core.vocab import CONTROL, INCUMBENT, Kind
+from perfloop.fleet import cluster, lanes
+from perfloop.fleet import task as tasks
+from perfloop.measure.trial import Measured
+
+distributed = pytest.importorskip("distributed")
+
+
+# ---- the split and the merge: pure -------------------------------------------------------
+def test_candidates_are_dealt_out_in_turn_and_no_group_is_empty():
+    assert tasks.groups(list("abcdefg"), 3) == [list("adg"), list("be"), list("cf")]
+    assert tasks.groups(list("ab"), 5) == [["a"], ["b"]]
+    assert tasks.groups(list("abc"), 1) == [list("abc")]
+
+
+def _measured(best, ratios: dict, outcome="ok") -> Measured:
+    """A group's result: its best candidate's ratio to its own GPU's incumbent per shape."""
+    summary = {shape: {"vs_incumbent": {CONTROL: {"ratio": 1.0}, best: {"ratio": r}}}
+               for shape, r in ratios.items()}
+    return Measured(outcome={best: (outcome, "")}, passes=[summary], best=best,
+                    judge_passed=True)
+
+
+def test_the_group_fastest_against_its_own_incumbent_decides():
+    """Ratios are formed within a GPU only: group b's candidate is 0.9 of its GPU's incumbent,
+    group a's 0.95 of its own, so b's decides, whatever either GPU's milliseconds."""
+    a, b = _measured("c0", {"head": 0.95, "guard": 1.0}), _measured("c1", {"head": 0.9,
+                                                                          "guard": 1.0})
+    merged, select = tasks.merge([a, b], "head", 0.01)
+    assert merged.best == "c1" and select
+    assert merged.outcome == {"c0": ("ok", ""), "c1": ("ok", "")}
+
+
+def test_a_group_whose_best_regresses_somewhere_gives_way_to_one_that_does_not():
+    a = _measured("c0", {"head": 0.8, "guard": 1.2})    # faster at the headline, slower at guard
+    b = _measured("c1", {"head": 0.9, "guard": 1.0})
+    merged, _ = tasks.merge([a, b], "head", 0.01)
+    assert merged.best == "c1"
+
+
+def test_one_group_with_a_best_needs_no_selection_pass():
+    merged, select = tasks.merge([_measured("c0", {"head": 0.9}),
+                                  Measured(outcome={"c1": ("fail", "wrong")})], "head", 0.01)
+    assert merged.best == "c0" and not select and merged.outcome["c1"] == ("fail", "wrong")
+
+
+# ---- the workers ------------------------------------------------------------------------
+@pytest.fixture
+def fleet(tmp_path):
+    """A fleet of two local worker processes without GPUs, as --workers 2 starts."""
+    import cloudpickle
+
+    from support import fleet_tasks
+
+    cloudpickle.register_pickle_by_value(fleet_tasks)
+    started = cluster.start(workers=2)
+    try:
+        yield started
+    finally:
+        started.close()
+
+
+def test_every_worker_says_where_it_runs(fleet):
+    assert len(fleet.workers) == 2 and not fleet.gpu
+    assert all(ident["gpus"] == [] and ident["host"] for ident in fleet.workers.values())
+    assert len({ident["pid"] for ident in fleet.workers.values()}) == 2
+
+
+def test_a_worker_lost_mid_experiment_costs_a_run_again_and_is_named(fleet, tmp_path):
+    from support import fleet_tasks
+
+    from perfloop.fleet.driver import Remote
+
+    remote = Remote(fleet)
+    jobs = [fleet_tasks.Job(f"job-{n}", marker=str(tmp_path / "died"), n=n) for n in (1, 2)]
+    results, lost = remote.run(jobs, fn=fleet_tasks.dies_once)
+    assert [r["job"]["n"] for r in results] == [1, 2]
+    assert len(lost) == 1 and lost[0]["worker"], lost
+
+
+def test_ctrl_c_of_the_driver_stops_every_workers_children(fleet, tmp_path):
+    from support import fleet_tasks
+
+    from perfloop.fleet.driver import Remote, Stopping
+
+    remote = Remote(fleet)
+    pid_file = tmp_path / "child.pid"
+    job = fleet_tasks.Job("sleeper", log=str(tmp_path / "child.log"), pid=str(pid_file))
+    said = {}
+
+    def drive():
+        try:
+            remote.run([job], fn=fleet_tasks.child_sleeps)
+        except Stopping:
+            said["stopped"] = True
+
+    waiting = threading.Thread(target=drive)
+    waiting.start()
+    until = time.monotonic() + 60
+    while not pid_file.exists() and time.monotonic() < until:
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+    remote.stop()
+    waiting.join(10)
+    assert said.get("stopped") and not waiting.is_alive()
+    until = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < until:
+        time.sleep(0.1)
+    assert not _alive(child)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+# ---- one line for what cannot start ------------------------------------------------------
+def test_a_scheduler_nobody_runs_is_one_line():
+    with pytest.raises(UserError, match="no scheduler answered"):
+        cluster.start(scheduler="tcp://127.0.0.1:9", timeout_s=2)
+
+
+def test_gpus_this_machine_does_not_have_are_refused(monkeypatch):
+    monkeypatch.setattr(cluster, "local_gpus", lambda: ["0", "1"])
+    with pytest.raises(UserError, match="no GPU 2 here"):
+        cluster.chosen_gpus("0,2")
+    with pytest.raises(UserError, match="has 2 GPUs"):
+        cluster.chosen_gpus("4")
+    assert cluster.chosen_gpus("all") == ["0", "1"] and cluster.chosen_gpus("1") == ["0"]
+
+
+def test_workers_that_share_a_gpu_or_see_several_are_refused():
+    one = {"host": "n1", "gpus": ["GPU-a"]}
+    with pytest.raises(UserError, match="both see GPU GPU-a"):
+        cluster.checked({"w1": one, "w2": dict(one)}, gpu=True)
+    with pytest.raises(UserError, match="sees 2 GPUs"):
+        cluster.checked({"w1": {"host": "n1", "gpus": ["GPU-a", "GPU-b"]}}, gpu=True)
+    assert cluster.checked({"w1": one, "w2": {"host": "n2", "gpus": ["GPU-a"]}}, gpu=True)
+
+
+def test_two_fleets_on_one_repository_are_refused(tmp_path):
+    from perfloop.store import gitops
+
+    git(tmp_path, "init", "-q")
+    (tmp_path / "a").write_text("a")
+    git(tmp_path, "add", "a")
+    git(tmp_path, "-c", "user.email=t@e", "-c", "user.name=t", "commit", "-qm", "a")
+    repo = gitops.open_repo(tmp_path)
+    with lanes.hold(repo):
+        with pytest.raises(Busy, match="this repository's fleet"):
+            with lanes.hold(repo):
+                pass
+
+
+@pytest.mark.smoke
+def test_two_kernels_run_at_once_in_one_repository(scratch):
+    """Each in a worktree of its own, its record in the main tree's sandbox/: the user's
+    branch and working tree are as they were."""
+    second = scratch.path / "kernels" / "second"
+    second.mkdir()
+    for name in ("kernel.py", "knobs.json", "script.json"):
+        (second / name).write_bytes((scratch.kernel / name).read_bytes())
+    (second / "kernel.toml").write_text((scratch.kernel / "kernel.toml").read_text().replace(
+        'name = "scripted"', 'name = "second"').replace("judge_scripted.py", "judge_second.py"))
+    judge = scratch.path / "tests" / "judge_scripted.py"
+    (scratch.path / "tests" / "judge_second.py").write_text(
+        judge.read_text().replace('"kernels" / "scripted"', '"kernels" / "second"'))
+    scratch.commit_all("a second kernel")
+    before = scratch.snapshot()
+    code, out, err = scratch.cli("run", "--kernel", "scripted", "--kernel", "second",
+                                 "--workers", "2", "--max-iterations", "1", timeout=900)
+    assert code == 0, (out, err)
+    assert set(out["kernels"]) == {"scripted", "second"} and len(out["workers"]) == 2
+    for name in ("scripted", "second"):
+        rows = (scratch.path / "sandbox" / name / "perf_results.md").read_text().splitlines()
+        assert len(rows) == 4, rows   # header, rule, baseline, one step
+        assert (scratch.path / "sandbox" / "worktrees" / name / ".git").exists()
+        record = json.loads((scratch.path / "sandbox" / name / "experiments.jsonl")
+                            .read_text().splitlines()[-1])
+        assert record["fleet"]["where"] and record["fleet"]["lost"] == []
+    after = scratch.snapshot()   # the user's branch and working tree as they were
+    assert (after["status"], after["head"]) == (before["status"], before["head"])
+    worktrees = git(scratch.path, "worktree", "list")
+    assert "cutile-perf-scripted-" in worktrees and "cutile-perf-second-" in worktrees
+
+
+@pytest.mark.smoke
+def test_a_step_across_three_workers_keeps_what_it_keeps_on_one(tmp_path):
+    """The same run, sequential here and on three workers: the same experiments, the same
+    outcome for every candidate, the same value kept (timing fields aside)."""
+    records = {}
+    for where in ("here", "fleet"):
+        scratch = Scratch(tmp_path / where)
+        scratch.script([{"when": {"tile": [1, 2048]}, "factor": {"*": 0.9}}])
+        scratch.commit_all("script")
+        fleet = ["--workers", "3"] if where == "fleet" else []
+        code, out, err = scratch.cli("run", "--kernel", "scripted", "--max-iterations", "2",
+                                     *fleet, timeout=900)
+        assert code == 0, (out, err)
+        records[where] = scratch.records()
+
+    def essence(r):
+        return (r["optimization"], r["status"], r["value"], r["correctness"],
+                {label: (o["value"], o["outcome"]) for label, o in r["outcomes"].items()})
+
+    assert [essence(r) for r in records["here"]] == [essence(r) for r in records["fleet"]]
+    assert any(r["status"] == "keep" and r["value"] == [1, 2048] for r in records["fleet"])
+    assert records["fleet"][-1]["fleet"]["tasks"] > 1   # its candidates went side by side
