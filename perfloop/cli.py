@@ -79,7 +79,11 @@ def parser(json_help: bool = False) -> argparse.ArgumentParser:
         sub = subs.add_parser(name, help=module.HELP, description=module.DESCRIPTION,
                               json_help=json_help,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-        if getattr(module, "KERNELS", 1) == 1:
+        if getattr(module, "KERNELS", 1) == "optional":   # (report --all)
+            sub.add_argument("--kernel", metavar="NAME|PATH",
+                             help="a kernel under kernels/ (e.g. swiglu) or a path to a "
+                                  "kernel folder")
+        elif getattr(module, "KERNELS", 1) == 1:
             sub.add_argument("--kernel", required=True, metavar="NAME|PATH",
                              help="a kernel under kernels/ (e.g. swiglu) or a path to a "
                                   "kernel folder")

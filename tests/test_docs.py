@@ -122,3 +122,14 @@ def test_a_kernels_results_is_its_current_result(kernel):
     assert len(text) <= 6_000
     for section in ("**Machine:**", "## The run", "## Confirmation (one process)"):
         assert section in text, section
+
+
+def test_every_shipped_kernel_declares_plain_knobs_its_restrict_allows():
+    """`perfloop run --all --from plain` starts every shipped kernel where it started."""
+    pytest.importorskip("cuda.tile")
+    from perfloop.core import knobspace, manifest
+
+    for folder in sorted((ROOT / "kernels").glob("*/kernel.toml")):
+        spec = manifest.load_spec(folder.parent, ROOT)
+        assert spec.plain, f"{folder} declares no [plain] knobs"
+        assert knobspace.space_for(folder.parent).why_not(spec.plain) is None, folder

@@ -226,3 +226,32 @@ def test_a_step_across_three_workers_keeps_what_it_keeps_on_one(tmp_path):
     assert [essence(r) for r in records["here"]] == [essence(r) for r in records["fleet"]]
     assert any(r["status"] == "keep" and r["value"] == [1, 2048] for r in records["fleet"])
     assert records["fleet"][-1]["fleet"]["tasks"] > 1   # its candidates went side by side
+
+
+@pytest.mark.smoke
+def test_a_run_from_plain_knobs_starts_on_them_and_writes_its_result(scratch):
+    """`run --from plain` (a fleet's): each kernel's run starts on a commit of its kernel.toml
+    [plain] knobs in its worktree, and once it stops its RESULTS.md is written from the record
+    in the main tree, the user's branch left as it was; `report --all` has its row; a kernel
+    with a run already is refused without --new, changing nothing."""
+    scratch.rules(max_iterations="1")
+    knobs = scratch.kernel / "knobs.json"
+    knobs.write_text(knobs.read_text().replace('"fast_math": false', '"fast_math": true'))
+    scratch.commit_all("tuned knobs, as a shipped kernel has")
+    head = scratch.head()
+    code, out, err = scratch.cli("run", "--kernel", "scripted", "--workers", "1", "--from",
+                                 "plain", timeout=900)
+    assert code == 0, (out, err)
+    base = scratch.records()[0]
+    assert base["knobs"]["fast_math"] is False   # the baseline ran the plain knobs
+    assert "plain knobs" in git(scratch.path, "log", "-1", "--format=%s", base["commit"])
+    results = scratch.kernel / "RESULTS.md"
+    assert out["kernels"]["scripted"]["results"] == str(results) and results.exists()
+    assert scratch.head() == head and scratch.branch() == "main"
+    code, out, err = scratch.cli("report", "--all")   # the fleet's summary, a row per kernel
+    assert code == 0 and [row["kernel"] for row in out["kernels"]] == ["scripted"], (out, err)
+    assert out["kernels"][0]["experiments"] == len(scratch.records())
+    snap = scratch.snapshot()
+    code, out, err = scratch.cli("run", "--kernel", "scripted", "--workers", "1", "--from",
+                                 "plain", timeout=300)
+    assert code == 2 and "pass --new" in out["error"] and scratch.snapshot() == snap

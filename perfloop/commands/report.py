@@ -7,7 +7,7 @@ from perfloop.core.atomic import write_bytes, write_text
 from perfloop.core.errors import UserError
 from perfloop.core.naming import show_patch, show_value
 from perfloop.core.vocab import Correctness, Kind, Status
-from perfloop.report import results, review, views
+from perfloop.report import htmlpage, results, review, views
 from perfloop.store import gitops, preflight
 from perfloop.store.session import Session
 
@@ -32,9 +32,14 @@ reads the record; --html, --png and --results write the files they name.
                RESULTS.md may be written once the run has stopped"""
 
 BENCH, PROFILE, RESULTS = "bench.json", "profile.json", "RESULTS.md"
+KERNELS = "optional"   # --all in place of --kernel: every kernel's run in one summary
 
 
 def add_arguments(p):
+    p.add_argument("--all", action="store_true",
+                   help="every kernel under kernels/ that has a run, one row each (a fleet's "
+                        "summary): where it was measured, its experiments, wall time, speedup, "
+                        "share of the floor and workload against its peers")
     p.add_argument("--html", metavar="PATH", help="write the report as one self-contained HTML file")
     p.add_argument("--png", metavar="PATH", help="write the latency-per-iteration plot as a PNG")
     p.add_argument("--results", metavar="PATH",
@@ -99,6 +104,71 @@ def _bench(s: Session, final_knobs: dict | None) -> tuple[dict | None, dict | No
 
 
 def execute(args):
+    if getattr(args, "all", False):
+        if args.kernel or args.png or args.results:
+            raise UserError("--all summarizes every kernel: it takes neither --kernel nor "
+                            "--png nor --results (report one kernel for those)")
+        return _every(args)
+    if not args.kernel:
+        raise UserError("name the kernel to report: --kernel NAME (or --all for every one)")
+    return _one(args)
+
+
+def _every(args) -> dict:
+    """One row per kernel with a run (current or archived), from its own report."""
+    import argparse
+
+    root = gitops.root(gitops.find_repo(Path.cwd()))
+    rows = []
+    for folder in sorted(p for p in (root / "kernels").glob("*") if (p / "kernel.toml").is_file()):
+        one = _one(argparse.Namespace(kernel=str(folder), playbook=args.playbook, html=None,
+                                      png=None, results=None))
+        if one["experiments"]:
+            rows.append(fleet_row(one))
+    if not rows:
+        raise UserError(f"no kernel under {root / 'kernels'} has a run to report")
+    out = {"kernels": rows, "html": None}
+    if args.html:
+        path = Path(args.html).expanduser().resolve()
+        if not path.parent.is_dir():
+            raise UserError(f"cannot write {args.html}: the folder {path.parent} does not exist")
+        write_text(path, htmlpage.page({"kernel": "every kernel", "branch": "", "archived": None},
+                                       [], [("Every kernel's run", every_frame(out))]))
+        out["html"] = str(path)
+    return out
+
+
+def fleet_row(r: dict) -> dict:
+    """A kernel's line in the summary of every kernel, from its report."""
+    env = r["environment"] or {}
+    head = next((sh for sh in r["shapes"] if sh["headline"]), {})
+    workload = r.get("workload") or {}
+    where = sorted({w.get("gpu") or "cpu" for w in r.get("fleet_where", [])})
+    return {"kernel": r["kernel"], "branch": r["branch"], "archived": r["archived"],
+            "gpu": env.get("gpu_name") or ("cpu" if env else None), "gpus": where,
+            "experiments": r["experiments"], "wall_seconds": r["wall_seconds"],
+            "speedup": r["speedup"]["speedup"], "confirmed": r["speedup"]["confirmed"],
+            "share_of_floor": head.get("incumbent_share_of_floor"),
+            "workload_geomean": workload.get("geomean_vs_best_peer"),
+            "below_bar": workload.get("below_bar"),
+            "stopped": r["stop_reason"]}
+
+
+def every_frame(r: dict):
+    import pandas as pd
+
+    return pd.DataFrame([{
+        "kernel": row["kernel"] + (" (archived)" if row["archived"] else ""),
+        "measured on": row["gpu"] or "-", "experiments": row["experiments"],
+        "wall s": f"{row['wall_seconds']:.0f}",
+        "speedup": (f"{row['speedup']:.3f}x" + ("" if row["confirmed"] else " (not confirmed)"))
+        if row["speedup"] else "-",
+        "share of floor": _num(row["share_of_floor"], ".3f"),
+        "workload vs best peer": _num(row["workload_geomean"], ".3f"),
+        "stopped": (row["stopped"] or "running")[:60]} for row in r["kernels"]])
+
+
+def _one(args):
     s = Session(args.kernel, args.playbook)
     s.read_run()
     html_out, png_out = _output(args.html, s), _output(args.png, s)
@@ -146,6 +216,8 @@ def execute(args):
         "profile": _profile_summary(profile, st.incumbent),
         "notes": [p for p in (bench_problem, profile_problem) if p],
         "rows": df.drop(columns=["ref"]).to_dict(orient="records"),
+        "fleet_where": [w for rec in recs for w in (rec.extra.get("fleet") or {}).get("where", [])],
+        "workload": (bench or {}).get("workload"),   # the last bench's view (report --all)
     }
     if html_out or png_out:
         with s.lock(git=False) if _in_sandbox(s, html_out, png_out) else nullcontext():
@@ -323,6 +395,10 @@ def bench_line(r) -> str | None:
 def render(r):
     import pandas as pd
 
+    if "kernels" in r:   # --all
+        with pd.option_context("display.width", 200, "display.max_colwidth", 80):
+            text = every_frame(r).to_string(index=False)
+        return text + (f"\nHTML written to {r['html']}" if r.get("html") else "")
     if not r["experiments"]:
         return "\n".join(([views.archived_line(r["archived"])] if r.get("archived") else [])
                          + [f"{r['kernel']}: no experiments recorded yet"])
@@ -366,7 +442,7 @@ def _figures(r, recs, bench):
 
 
 def _draw(r, recs, bench, html_out: Path | None, png_out: Path | None) -> None:
-    from perfloop.report import htmlpage, plots
+    from perfloop.report import plots
 
     latency_fig, share_fig = _figures(r, recs, bench)
     latency_png = plots.png(latency_fig)

@@ -48,6 +48,10 @@ def add_arguments(p):
                    help="profile the incumbent with Nsight Compute after each kept change "
                         "(`perfloop profile`), so the next suggestions rank by it")
     p.add_argument("--all", action="store_true", help="every kernel under kernels/, on a fleet")
+    p.add_argument("--from", dest="start", choices=["plain"],
+                   help="plain: on a fleet, start each kernel from its kernel.toml [plain] "
+                        "knobs (where it started, before any tuning), and write its "
+                        "RESULTS.md from the record once its run stops")
     where = p.add_mutually_exclusive_group()
     where.add_argument("--gpus", metavar="N|all|LIST",
                        help="a fleet of one Dask worker per GPU of this machine: the first N, "
@@ -76,9 +80,15 @@ def execute(args):
         if args.profile:
             raise UserError("--profile profiles on this machine, not on a fleet's: run "
                             "`perfloop profile --kernel NAME` after the fleet")
+        if args.start and args.resume:
+            raise UserError("--from plain starts runs; --resume continues them")
         from perfloop.fleet import command
 
         return command.execute(args, kernels, options.overrides(args), _lane)
+    if args.start:
+        raise UserError("--from plain runs on a fleet (--gpus, --workers or --scheduler): "
+                        "each kernel starts in a worktree of its own, on a commit of its plain "
+                        "knobs, and your branch stays as it is")
     args.kernel = kernels[0]
     return _single(args)
 
@@ -102,9 +112,27 @@ def _single(args):
 
 
 def _lane(s, args, say: str | None):
-    """One kernel of a fleet (perfloop.fleet.command), as `perfloop run` runs it here."""
+    """One kernel of a fleet (perfloop.fleet.command), as `perfloop run` runs it here; from
+    plain knobs, its RESULTS.md written from the record once the run stops."""
     with s.lock(), loop.interruptible(s):
-        return _execute(s, args, say)
+        answer = _execute(s, args, say)
+    if args.start == "plain" and s.state.stop is not None and answer.get("status"):
+        answer["results"] = _results(s, args)
+    return answer
+
+
+def _results(s, args) -> str:
+    """The kernel's RESULTS.md in the main tree (`perfloop report --results`)."""
+    import argparse
+    from pathlib import Path
+
+    from perfloop.commands import report
+
+    main = Path(s.repo.common_dir).resolve().parent
+    path = main / s.folder_rel / report.RESULTS
+    report.execute(argparse.Namespace(kernel=str(s.spec.folder), playbook=args.playbook,
+                                      html=None, png=None, results=str(path)))
+    return str(path)
 
 
 def _execute(s, args, say: str | None = ""):

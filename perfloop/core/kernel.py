@@ -102,6 +102,7 @@ class KernelSpec:
     workload: object = None                         # perfloop.core.workload.Workload
     held_back_derived: bool = False                 # no [[held_back]]: one per benchmark shape
     rules: dict = field(default_factory=dict)       # [rules]: settings over rules.toml's
+    plain: dict | None = None                       # [plain]: the naive start (run --from plain)
 
     @property
     def headline(self) -> Shape:

@@ -53,10 +53,26 @@ def load_spec(folder: Path, repo_root: Path, text: str | None = None) -> KernelS
                           _flag(manifest, "requires_gpu", True), _tolerance(manifest),
                           judge_rel, text, _tags(manifest), held_back, family,
                           "held_back" not in manifest,
-                          settings.from_table(manifest.get("rules", {}), str(path)))
+                          settings.from_table(manifest.get("rules", {}), str(path)),
+                          _plain(manifest, known))
     except _Bad as exc:
         raise bad(str(exc)) from None
     return spec
+
+
+def _plain(manifest: dict, known: dict) -> dict | None:
+    """[plain]: the knobs the kernel started from, before any tuning (`perfloop run --from
+    plain` starts there): those it names at their values, every other knob null (TOML has no
+    null), no dispatch table; None where the kernel declares none."""
+    if "plain" not in manifest:
+        return None
+    plain = manifest["plain"]
+    knobs = [k for k in known if k != "dispatch"]
+    extra = sorted(set(plain) - set(knobs)) if isinstance(plain, dict) else []
+    if not isinstance(plain, dict) or extra:
+        raise _Bad(f"[plain] names knobs and their values as the kernel started; "
+                   f"{', '.join(extra) or 'it is not a table'} is no knob of knobs.json")
+    return {k: freeze(plain.get(k)) for k in knobs}
 
 
 class _Bad(Exception):

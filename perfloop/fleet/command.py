@@ -22,7 +22,8 @@ def execute(args, kernels: list[str], flags: dict, run_one) -> dict:
         raise UserError(f"{root} is a linked worktree: run the fleet from the main one")
     names = kernels or lanes.every_kernel(root)
     with lanes.hold(repo):
-        sessions = lanes.sessions(names, root, repo, args.playbook, flags)
+        sessions = lanes.sessions(names, root, repo, args.playbook, flags,
+                                  plain=args.start == "plain", new=args.new)
         fleet = cluster.start(gpus=args.gpus, workers=args.workers, scheduler=args.scheduler)
         try:
             needs = [s.spec.name for s in sessions if s.spec.requires_gpu]

@@ -29,11 +29,16 @@ def every_kernel(root: Path) -> list[str]:
     return names
 
 
-def worktree(repo, root: Path, name: str, folder_rel: str) -> Path:
+def worktree(repo, root: Path, name: str, folder_rel: str, fresh: bool = False) -> Path:
     """The kernel's worktree: made at HEAD on a branch of its own the first time (the run makes
-    its branch there), found afterwards. The kernel folder must be committed: a worktree holds
-    what HEAD holds."""
+    its branch there), found afterwards; made again at HEAD with `fresh` (its old branches
+    and refs stay). The kernel folder must be committed: a worktree holds what HEAD holds."""
     path = root / "sandbox" / WORKTREES / name
+    if (path / ".git").exists() and fresh:
+        if repo.git.execute(["git", "-C", str(path), "status", "--porcelain"]).strip():
+            raise UserError(f"{path} has uncommitted changes: perfloop will not remove that "
+                            "worktree to start afresh; commit or discard them")
+        repo.git.worktree("remove", "--force", str(path))
     if (path / ".git").exists():
         return path
     edited = [p for p in gitops.status_paths(repo, untracked=True)
@@ -47,19 +52,54 @@ def worktree(repo, root: Path, name: str, folder_rel: str) -> Path:
     return path
 
 
-def sessions(names: list[str], root: Path, repo, playbook: str | None,
-             flags: dict) -> list[Session]:
-    """Each named kernel's Session in its worktree, its files in the main tree's sandbox/."""
+def sessions(names: list[str], root: Path, repo, playbook: str | None, flags: dict,
+             plain: bool = False, new: bool = False) -> list[Session]:
+    """Each named kernel's Session in its worktree, its files in the main tree's sandbox/.
+    With `plain`, each starts from its kernel.toml's [plain] knobs: a worktree made afresh at
+    HEAD, and a commit there that sets them (refused where a run exists, unless `new`)."""
+    if plain:
+        _require_plain_start(names, root, repo, new)
     out, seen = [], set()
     for name in names:
         folder = kernel.find_folder(name, root)
         rel = gitops.rel(repo, folder)
-        s = Session(str(worktree(repo, root, folder.name, rel) / rel), playbook, flags)
+        s = Session(str(worktree(repo, root, folder.name, rel, fresh=plain) / rel), playbook,
+                    flags)
+        if plain:
+            _commit_plain(s)
         if s.spec.name in seen:
             raise UserError(f"kernel '{s.spec.name}' is named twice")
         seen.add(s.spec.name)
         out.append(s)
     return out
+
+
+def _require_plain_start(names: list[str], root: Path, repo, new: bool) -> None:
+    """Before any worktree is made again: every kernel declares [plain] knobs, and none has a
+    run that --new would not set aside."""
+    from perfloop.core import manifest
+
+    for name in names:
+        folder = kernel.find_folder(name, root)
+        spec = manifest.load_spec(folder, root)
+        if spec.plain is None:
+            raise UserError(f"--from plain: {gitops.rel(repo, folder)}/{kernel.MANIFEST} "
+                            "declares no [plain] knobs (where the kernel started); add them")
+        if (root / "sandbox" / spec.name / "state.json").exists() and not new:
+            raise UserError(f"--from plain: kernel '{spec.name}' has a run already; pass --new "
+                            "to set it aside and start from its plain knobs")
+
+
+def _commit_plain(s: Session) -> None:
+    """The plain knobs, committed on the lane's branch: the run's base."""
+    from perfloop.store import snapshot
+
+    text = kernel.knobs_text(s.spec.plain)
+    (s.spec.folder / kernel.KNOBS).write_text(text, encoding="utf-8")
+    files = snapshot.with_file(snapshot.from_commit(s.repo, gitops.head(s.repo), s.folder_rel),
+                               kernel.KNOBS, text)
+    gitops.commit_files(s.repo, s.folder_rel, files,
+                        f"perfloop: {s.spec.name} from its plain knobs (kernel.toml [plain])")
 
 
 def run(lanes: list[Session], remote, body) -> dict:
