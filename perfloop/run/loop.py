@@ -8,6 +8,7 @@ Every check that can refuse runs before anything is written; a baseline that fai
 from __future__ import annotations
 
 import shutil
+import tempfile
 import time
 from contextlib import contextmanager
 from datetime import date
@@ -95,15 +96,16 @@ def start(s: Session, new: bool = False) -> tuple[records.Experiment, str | None
     seed = workload.choose_seed(s.spec.workload)  # the held-out shapes', recorded in the state
     # the benchmark's traffic() is read by the timing process; a wrong one is refused here,
     # in one line, before a branch or a record is written. Read from the commit the run
-    # starts on, as every experiment reads the contract (perfloop.store.pinned)
-    tree = s.pinned(base=aside.base)
-    contract = tree.contract
-    traffic.check(kernel.load_module(contract, f"contract_{s.spec.name}",
-                                     f"{s.folder_rel}/{kernel.MODULE}"), s.spec,
-                  workload.held_out(s.spec, seed))
-    planner.check_space(s.playbook.optimizations, s.spec.read_knobs(contract),
-                        s.spec.candidates,
-                        knobspace.space_for(contract))  # (likewise canonical(), restrict())
+    # starts on, as every experiment reads the contract (perfloop.store.pinned), from a
+    # copy that goes with the check (a refused start leaves nothing in sandbox/)
+    with tempfile.TemporaryDirectory(prefix="perfloop-start-") as tmp:
+        contract = s.export_commit(aside.base, Path(tmp))
+        traffic.check(kernel.load_module(contract, f"contract_{s.spec.name}",
+                                         f"{s.folder_rel}/{kernel.MODULE}"), s.spec,
+                      workload.held_out(s.spec, seed))
+        planner.check_space(s.playbook.optimizations, s.spec.read_knobs(contract),
+                            s.spec.candidates,
+                            knobspace.space_for(contract))  # (likewise canonical(), restrict())
     previous = gitops.current_branch(s.repo)
     if existing is not None:
         recovery.set_aside(s, aside)
