@@ -220,3 +220,23 @@ def test_the_control_and_each_candidate_run_in_launchers_of_their_own(tmp_path):
         assert len(set(pids.values())) == 4 and os.getpid() not in pids.values()
     finally:
         timer.close()
+
+
+def test_the_bracket_comes_off_every_variant_alike_or_off_none():
+    """The empty batch's time is taken off every variant's batches where each ran at least
+    twice as long, and off none where one did not: no time is ever 0 ms or less, and no
+    variant's time is shortened alone."""
+    from types import SimpleNamespace
+
+    from perfloop.referee.timer import CHECKS_PER_BATCH, Timer
+
+    shape, n = SimpleNamespace(name="s"), 10
+    timer = SimpleNamespace(simulated=None, unverified=set(),
+                            overhead={("s", CHECKS_PER_BATCH): 1.0})   # 0.1 ms per launch
+    clear = {"incumbent": [[0.5, 0.6]], "candidate-0": [[0.3, float("nan")]]}
+    out, subtracted = Timer._bracketed(timer, clear, shape, n)
+    assert subtracted and out["incumbent"] == [[0.4, 0.5]]
+    assert abs(out["candidate-0"][0][0] - 0.2) < 1e-12
+    close = {"incumbent": [[0.5]], "candidate-0": [[0.15]]}   # under twice the bracket
+    out, subtracted = Timer._bracketed(timer, close, shape, n)
+    assert not subtracted and out == close

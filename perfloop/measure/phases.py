@@ -395,6 +395,7 @@ def summarize_pass(timed_pass: dict, incumbent: str = INCUMBENT, control: str = 
                         **({"tuned": True} if shape.get("tuned") else {}),
                         "floor_ms": shape.get("floor_ms"), "reps_per_round": shape["reps"],
                         "pad_us": shape.get("pad_us"), "noise": noise, "variants": per_variant,
+                        "bracket_subtracted": shape.get("bracket_subtracted"),
                         "vs_incumbent": comparisons}
     return shapes
 
