@@ -11,6 +11,41 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTED = Path(__file__).resolve().parent / "scripted"
 
+# How long a step that takes a second or two on an idle machine may take before a test calls it
+# hung. Tests wait for events (a file, an exit, a line), never for a fixed time, so this only
+# bounds a wait that would otherwise be forever: on the 2-core CPU machine at load 6-7 the
+# default run took four times as long as idle, and a bound set for idle timing failed there.
+HANG_S = 300.0
+
+
+def eventually(condition, what: str, within_s: float = HANG_S, every_s: float = 0.02):
+    """Poll `condition()` until it is true; fail naming `what` if it is not within `within_s`."""
+    import time
+
+    until = time.monotonic() + within_s
+    while not condition():
+        if time.monotonic() > until:
+            pytest.fail(f"{what}: not within {within_s:.0f} s")
+        time.sleep(every_s)
+
+
+class FakeTime:
+    """A monotonic clock that moves only when slept on or advanced: a test of a deadline or a
+    choice by time then depends on no machine's speed. Stands in for a module's `time`."""
+
+    def __init__(self, now: float = 1000.0):
+        self.now = now
+
+    def monotonic(self) -> float:
+        return self.now
+
+    perf_counter = monotonic
+
+    def sleep(self, seconds: float) -> None:
+        self.now += max(seconds, 0.0)
+
+    advance = sleep
+
 
 def _has_gpu() -> bool:
     try:

@@ -5,6 +5,7 @@ import os
 import threading
 
 import pytest
+from conftest import HANG_S
 
 from perfloop.core import kernel, plainfile, progress
 from perfloop.core.errors import UserError
@@ -12,7 +13,8 @@ from perfloop.run import experiment
 
 
 def _within(seconds: float, fn, *args):
-    """fn(*args) run on a thread: its result, or a failure if it is still waiting."""
+    """fn(*args) run on a thread: its result, or a failure if it is still waiting (a read
+    that waits on a FIFO waits forever: `seconds` only ends the test)."""
     box = {}
 
     def run():
@@ -36,7 +38,7 @@ def test_a_fifo_a_link_and_a_flood_are_refused(tmp_path):
     (tmp_path / "big").write_bytes(b"x" * 1000)
     for name in ("pipe.py", "link.py"):
         with pytest.raises(plainfile.NotPlain):
-            _within(5, plainfile.read_bytes, tmp_path / name)
+            _within(HANG_S, plainfile.read_bytes, tmp_path / name)
     assert plainfile.read_text(tmp_path / "plain.py") == "x = 1\n"
     with pytest.raises(plainfile.NotPlain):
         plainfile.read_bytes(tmp_path / "big", limit=999)
@@ -52,15 +54,15 @@ def test_a_kernel_folder_with_a_fifo_neither_stalls_nor_compares_equal(tmp_path)
         (folder / "kernel.py").write_text("x = 1\n")
     assert experiment._same_code(a, b)
     os.mkfifo(b / "pipe.py")
-    assert _within(5, experiment._same_code, a, b) is False
+    assert _within(HANG_S, experiment._same_code, a, b) is False
     os.symlink("/dev/zero", b / "zero.bin")         # a link is digested by its target's name
-    assert _within(5, kernel.code_digest, b) != kernel.code_digest(a)
+    assert _within(HANG_S, kernel.code_digest, b) != kernel.code_digest(a)
 
 
 def test_knobs_json_that_is_no_file_is_one_line(tmp_path):
     os.mkfifo(tmp_path / "knobs.json")
     with pytest.raises(UserError) as caught:
-        _within(5, kernel.read_knobs, tmp_path / "knobs.json")
+        _within(HANG_S, kernel.read_knobs, tmp_path / "knobs.json")
     assert "not a regular file" in str(caught.value) and "\n" not in str(caught.value)
 
 
@@ -71,4 +73,4 @@ def test_a_childs_log_made_a_fifo_shows_nothing(tmp_path):
     assert tail.lines() == ['{"a": 1}']
     log.unlink()
     os.mkfifo(log)
-    assert _within(5, tail.lines) == []
+    assert _within(HANG_S, tail.lines) == []

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import pythonpath
+from conftest import HANG_S, pythonpath
 
 from perfloop.core import progress
 from perfloop.measure import process as child
@@ -61,17 +61,29 @@ def test_progress_is_drawn_only_for_a_terminal_and_never_under_json(monkeypatch)
 
 
 def test_the_watchdogs_reading_of_a_childs_progress_feeds_the_line(tmp_path):
-    written = tmp_path / "progress.jsonl"
-    code = ("import json, sys, time\n"
+    # each line waits until the watchdog has passed the one before it on: read as written,
+    # however slowly a loaded machine runs either side
+    written, read = tmp_path / "progress.jsonl", tmp_path / "read"
+    code = ("import json, os, sys, time\n"
+            "until = time.monotonic() + float(sys.argv[3])\n"
             "for i in range(4):\n"
             "    open(sys.argv[1], 'a').write(json.dumps({'stage': 'time', 'n': i}) + '\\n')\n"
-            "    time.sleep(0.4)\n")
+            "    while not (os.path.exists(sys.argv[2]) and open(sys.argv[2]).read() == str(i)):\n"
+            "        if time.monotonic() > until:\n"
+            "            sys.exit(3)\n"
+            "        time.sleep(0.01)\n")
     tail, seen = progress.Tail(written), []
-    res = child.run([sys.executable, "-c", code, str(written)], timeout_s=30,
-                    log=tmp_path / "log", progress=[written], stall_s=10,
-                    on_progress=lambda: seen.extend(json.loads(x)["n"] for x in tail.lines()))
+
+    def on_progress():
+        seen.extend(json.loads(x)["n"] for x in tail.lines())
+        if seen:
+            read.write_text(str(seen[-1]))
+
+    res = child.run([sys.executable, "-c", code, str(written), str(read), str(HANG_S)],
+                    timeout_s=HANG_S, log=tmp_path / "log", progress=[written], stall_s=HANG_S,
+                    on_progress=on_progress)
     assert res.returncode == 0
-    assert seen == list(range(len(seen))) and len(seen) >= 2   # read as they were written
+    assert seen == [0, 1, 2, 3]
 
 
 def perfloop(scratch, *args, **env):

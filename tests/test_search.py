@@ -1404,12 +1404,11 @@ def test_a_config_that_wins_only_in_another_bucket_is_found_by_its_own_joint_sea
     assert code == 2 and "no bucket-joint experiment" in out["error"]
 
 
-def test_warmers_build_and_launch_each_variant_in_their_own_processes(tmp_path):
+def test_warmers_build_and_launch_each_variant_in_their_own_processes(tmp_path, monkeypatch):
     """perfloop.child.warm, as the iteration starts it for GPU kernels while the judge runs."""
     import os
-    import time
 
-    from conftest import ROOT, SCRIPTED, pythonpath
+    from conftest import HANG_S, ROOT, SCRIPTED, FakeTime, eventually, pythonpath
 
     from perfloop.measure import phases
 
@@ -1420,31 +1419,35 @@ def test_warmers_build_and_launch_each_variant_in_their_own_processes(tmp_path):
     variants = [{"label": f"v{i}", "folder": folder, "knobs": {"mode": "env", "tile": [1, i]}}
                 for i in range(3)] + [{"label": "hang", "folder": folder, "knobs": {"mode": "hang"}}]
     shapes = [{"name": "head", "dims": [8], "dtype": "float32"}]
-    running = phases.start_warmers(variants, shapes, processes=2, contract=folder,
-                                   work=tmp_path, cwd=ROOT, env=env)
+
+    def start(some):
+        return phases.start_warmers(some, shapes, processes=2, contract=folder, work=tmp_path,
+                                    cwd=ROOT, env=env)
+
+    def finished(running, n):   # (v0 and v2 in one warmer; v1 and the hang in the other)
+        eventually(lambda: sum(r.proc.poll() is not None for r in running) >= n,
+                   f"{n} warmer(s) finishing")
+
+    running = start(variants)
     assert len(running) == 2
-    deadline = time.monotonic() + 30
-    while len(list(dump.glob("*.json"))) < 2 and time.monotonic() < deadline:
-        time.sleep(0.1)
-    pids = {p.stem for p in dump.glob("*.json")}
-    assert len(pids) == 2                              # two processes built variants
-    deadline = time.monotonic() + 30                   # a loaded machine is slow to finish
-    while all(r.proc.poll() is None for r in running) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    time.sleep(0.5)
+    eventually(lambda: len(list(dump.glob("*.json"))) == 2, "both warmers building variants")
+    finished(running, 1)
     assert phases.stop_warmers(running) == 1           # the one with the hanging variant was
     assert all(r.proc.poll() is not None for r in running)   # still at it, and is stopped
     # before a screening, perfloop waits for them: for the ones that finish, and no longer
-    # than it was told for one that hangs
-    running = phases.start_warmers(variants, shapes, processes=2, contract=folder,
-                                   work=tmp_path, cwd=ROOT, env=env)
-    started = time.monotonic()
+    # than it was told for one that hangs (on a clock of the test's own: a loaded machine
+    # takes any time to start a warmer, and the wait is what is tested)
+    running = start(variants)
+    finished(running, 1)
+    clock = FakeTime()
+    monkeypatch.setattr(phases, "time", clock)
+    started = clock.monotonic()
     assert phases.wait_warmers(running, started + 5) == 1
-    assert 5 <= time.monotonic() - started < 10
+    assert 5 <= clock.monotonic() - started < 5.5
     assert all(r.proc.poll() is not None for r in running)
-    running = phases.start_warmers(variants[:3], shapes, processes=2, contract=folder,
-                                   work=tmp_path, cwd=ROOT, env=env)
-    assert phases.wait_warmers(running, time.monotonic() + 60) == 2
+    monkeypatch.undo()
+    running = start(variants[:3])                       # nothing hangs: it waits for both
+    assert phases.wait_warmers(running, time.monotonic() + HANG_S) == 2
 
 
 def test_row_bucket_is_the_dtype_and_the_row_widths_power_of_two():

@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from conftest import pythonpath
+from conftest import HANG_S, pythonpath
 
 # A subreaper (as perfloop's CLI is) runs a "judge" in a session of its own; kernel code there
 # leaves a decoy in a new session, and below the decoy a second daemon in another. The judge
@@ -56,7 +56,7 @@ def parent(pid):
     with open(f"/proc/{pid}/stat", "rb") as f:
         return int(f.read().rsplit(b")", 1)[1].split()[1])
 
-until = time.monotonic() + 5
+until = time.monotonic() + float(sys.argv[2])   # (a hang guard: it comes at once, if slowly)
 while time.monotonic() < until and parent(decoy) != os.getpid():
     time.sleep(0.01)
 killed = process.kill_strays()
@@ -80,8 +80,8 @@ for pid in (decoy, deep, keeper, same):
 
 
 def _scene(mode: str) -> dict:
-    done = subprocess.run([sys.executable, "-c", SCENE, mode], capture_output=True, text=True,
-                          timeout=60, env={"PYTHONPATH": pythonpath(), "PATH": "/usr/bin:/bin"})
+    done = subprocess.run([sys.executable, "-c", SCENE, mode, str(HANG_S)], capture_output=True,
+                          text=True, timeout=2 * HANG_S, env={"PYTHONPATH": pythonpath(), "PATH": "/usr/bin:/bin"})
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 

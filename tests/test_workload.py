@@ -4,7 +4,6 @@ perfloop.core.dispatch, perfloop.core.tuneonce). All pure or in-process: no GPU,
 
 from __future__ import annotations
 
-import time
 import types
 from pathlib import Path
 import tomllib
@@ -12,6 +11,7 @@ import warnings
 
 import pytest
 import torch
+from conftest import FakeTime
 
 from perfloop.core import dispatch, tuneonce
 from perfloop.core import workload as W
@@ -133,9 +133,13 @@ def test_a_wrong_workload_is_one_line_naming_what_is_wrong(text, says):
 
 
 # ---- routing a launch -------------------------------------------------------------------------
-def _kernel(tmp_path, unseen: str, delays: dict[str, float]):
+def _kernel(tmp_path, unseen: str, delays: dict[str, float], monkeypatch=None):
     """A kernel folder with NORMS as its workload, and a build_one whose launch records which
-    knobs ran and takes `delays[tile]` seconds."""
+    knobs ran and takes `delays[tile]` seconds: of tune-once's clock, made the test's own (with
+    `monkeypatch`), since on a loaded machine a real 2 ms sleep may outlast a 4 ms one."""
+    clock = FakeTime()
+    if monkeypatch is not None:
+        monkeypatch.setattr(tuneonce, "time", clock)
     shapes = "".join(f'[[shapes]]\nname = "{s.name}"\ndims = {list(s.dims)}\n'
                      f'dtype = "{s.dtype}"\n' for s in BENCH)
     (tmp_path / "kernel.toml").write_text(NORMS + f'unseen = "{unseen}"\n' + shapes)
@@ -144,7 +148,7 @@ def _kernel(tmp_path, unseen: str, delays: dict[str, float]):
     def build_one(knobs):
         def launch(inputs, out):
             ran.append(knobs["tile"])
-            time.sleep(delays.get(knobs["tile"], 0))
+            clock.sleep(delays.get(knobs["tile"], 0))
             out.fill_(knobs["tile"])
         return launch
     return build_one, ran
@@ -171,7 +175,7 @@ def test_a_launch_in_an_unmeasured_bucket_runs_the_nearest_measured_buckets_knob
 
 def test_tune_once_times_the_finalists_keeps_the_fastest_and_caches_it(tmp_path, monkeypatch):
     monkeypatch.setenv("PERFLOOP_AUTOTUNE_CACHE", str(tmp_path / "cache"))
-    build_one, ran = _kernel(tmp_path, "tune", {1: 0.004, 2: 0.0, 3: 0.002})
+    build_one, ran = _kernel(tmp_path, "tune", {1: 0.004, 2: 0.0, 3: 0.002}, monkeypatch)
     out = torch.empty(1)
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
@@ -194,7 +198,8 @@ def test_declared_finalists_are_timed_beside_the_measured_buckets_knobs(tmp_path
     # 12.5 us at 16 rows per block, 10.3 at 2 rows with occupancy 4): kernel.toml may name
     # configs the run never measured for tuning to time too
     monkeypatch.setenv("PERFLOOP_AUTOTUNE_CACHE", str(tmp_path / "cache"))
-    build_one, ran = _kernel(tmp_path, "tune", {1: 0.004, 2: 0.003, 3: 0.002, 4: 0.0})
+    build_one, ran = _kernel(tmp_path, "tune", {1: 0.004, 2: 0.003, 3: 0.002, 4: 0.0},
+                             monkeypatch)
     toml = tmp_path / "kernel.toml"
     toml.write_text(toml.read_text().replace(
         'unseen = "tune"', 'unseen = "tune"\nfinalists = [{ tile = 4 }, { tile = 2 }]'))
@@ -216,7 +221,7 @@ def test_declared_finalists_are_timed_beside_the_measured_buckets_knobs(tmp_path
 def _tuning_kernel(tmp_path, monkeypatch):
     """_kernel with unseen = "tune" and one declared finalist, tile 4, the fastest."""
     monkeypatch.setenv("PERFLOOP_AUTOTUNE_CACHE", str(tmp_path / "cache"))
-    build_one, ran = _kernel(tmp_path, "tune", {1: 0.004, 4: 0.0})
+    build_one, ran = _kernel(tmp_path, "tune", {1: 0.004, 4: 0.0}, monkeypatch)
     toml = tmp_path / "kernel.toml"
     toml.write_text(toml.read_text().replace(
         'unseen = "tune"', 'unseen = "tune"\nfinalists = [{ tile = 4 }]'))
