@@ -8,7 +8,10 @@ import sys
 
 import pytest
 from conftest import ROOT, SCRIPTED, _has_gpu, git, pythonpath
+from hypothesis import given
+from hypothesis import strategies as st
 
+from perfloop.core import naming
 from perfloop.store import table
 
 
@@ -48,11 +51,25 @@ def test_value_outside_the_candidates(started, value):
     assert_one_line(err, f"value {value} is not a candidate of '{opt}'")
 
 
-def test_value_equal_to_the_incumbents(started):
+@pytest.mark.parametrize("value", ["[1, 1024]", "1x1024"])   # JSON, or as the table writes it
+def test_value_equal_to_the_incumbents(started, value):
     code, _, err = human(started.path, "step", "--kernel", "scripted", "--opt", "tile_shape",
-                         "--value", "[1, 1024]")
+                         "--value", value)
     assert code == 2
-    assert_one_line(err, "already has tile=[1, 1024]")
+    assert_one_line(err, f"already has tile={value}")
+
+
+@pytest.mark.parametrize("text, value", [
+    ("8", 8), ("true", True), ("[1, 2048]", (1, 2048)), ("gather_scatter", "gather_scatter"),
+    ("1x2048", (1, 2048)), ("128x0", (128, 0)), ("2xnull", (2, None)), ("2xNone", (2, None)),
+    ("128x256x64", (128, 256, 64)), ("max", "max"), ("2x", "2x"), ("truexfalse", "truexfalse")])
+def test_a_value_is_json_a_list_as_the_table_writes_it_or_a_word(text, value):
+    assert naming.read_value(text) == value and type(naming.read_value(text)) is type(value)
+
+
+@given(st.lists(st.one_of(st.integers(0, 1 << 20), st.none()), min_size=2, max_size=4))
+def test_a_list_value_reads_back_as_the_table_writes_it(columns):
+    assert naming.read_value(naming.show_value(columns)) == tuple(columns)
 
 
 def test_not_a_git_repository(tmp_path):

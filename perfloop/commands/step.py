@@ -1,7 +1,7 @@
 import json
 
 from perfloop.commands import options
-from perfloop.core import dispatch_table, knobspace
+from perfloop.core import dispatch_table, knobspace, naming
 from perfloop.core.errors import UserError
 from perfloop.core.playbook import freeze, thaw
 from perfloop.core.vocab import Kind
@@ -17,7 +17,8 @@ DESCRIPTION = """\
 Runs one full iteration on the current run (start one with `perfloop init`):
   --opt ID [--value V]  apply a playbook optimization; without --value every candidate value
                         is measured and the fastest correct one is carried into the decision.
-                        V is JSON or a bare word: 8, true, '[1,2048]', gather_scatter.
+                        V is JSON, a list as the table writes it, or a bare word: 8,
+                        true, '[1,2048]', 1x2048, gather_scatter.
   --describe TEXT       judge your own uncommitted edits inside the kernel folder; TEXT names
                         the change in the table. Edits outside the folder, and edits to the
                         pinned kernel.toml, are refused.
@@ -34,13 +35,6 @@ def add_arguments(p):
     what.add_argument("--resume", action="store_true", help="finish an interrupted iteration")
     p.add_argument("--value", metavar="V", help="with --opt: measure only this candidate value")
     options.add_settings(p, at_start=False)
-
-
-def _parse_value(text: str):
-    try:
-        return freeze(json.loads(text))
-    except json.JSONDecodeError:
-        return text
 
 
 def _search_proposal(s: Session, opt_id: str, value_text: str | None) -> Proposal:
@@ -78,7 +72,7 @@ def _playbook_proposal(s: Session, opt_id: str, value_text: str | None) -> Propo
                             "cannot work beside the incumbent's other knobs (kernel.py's "
                             "restrict())")
         return Proposal(Kind.PLAYBOOK, opt, values)
-    value = _parse_value(value_text)
+    value = naming.read_value(value_text)
     if opt.knobs:  # a patch, as JSON: {"tile": [..], "num_ctas": 2}
         if not isinstance(value, dict) or set(value) != set(opt.knobs):
             raise UserError(f"a value of '{opt.id}' is a JSON object of {', '.join(opt.knobs)}"

@@ -3,6 +3,8 @@ column, commit messages, reports. One place, so a row, its commit and its report
 
 from __future__ import annotations
 
+import json
+
 from perfloop.core import dispatch_table as dispatch
 from perfloop.core.values import freeze, thaw
 from perfloop.core.vocab import MULTI
@@ -16,6 +18,35 @@ def show_value(value) -> str:
     if isinstance(value, (list, tuple)):
         return "x".join(str(v) for v in value)
     return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def read_value(text: str):
+    """A knob value as a person types it: JSON (8, true, [1, 2048]), a list as show_value
+    writes it (1x2048, 128x0; None or null for an empty column), or else the bare word."""
+    try:
+        return freeze(json.loads(text))
+    except json.JSONDecodeError:
+        pass
+    parts = text.split("x")
+    if len(parts) > 1:
+        try:
+            return tuple(_column(part) for part in parts)
+        except ValueError:
+            pass
+    return text
+
+
+def _column(text: str):
+    """One number of a list written 1x2048 (a bare word is no column: ValueError)."""
+    if text == "None":
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        raise ValueError(text) from None
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise ValueError(text)
+    return value
 
 
 def show_patch(patch: dict) -> str:
