@@ -176,6 +176,8 @@ def test_a_full_disk_is_not_the_candidates_crash(started):
     code, out, err = in_namespace(started.path, small("sandbox", 24, fill_mb=23), "step",
                                   "--kernel", "scripted", "--opt", "fast_math")
     assert code == 2 and "MB free" in out["error"] and "free some space" in out["error"], err
+    sandbox = os.path.realpath(started.path / "sandbox")
+    assert f"on the filesystem mounted at {sandbox} (tmpfs), which holds" in out["error"], err
     assert unchanged(started) == before
     code, out, err = started.cli("step", "--kernel", "scripted", "--opt", "fast_math")
     assert code == 0 and out["experiment"]["status"] != "crash", err
@@ -190,9 +192,33 @@ def test_a_write_refused_mid_command_is_one_line():
 
     failure = preflight.from_os_error(OSError(errno.ENOSPC, "No space left on device",
                                               "/x/sandbox/k/state.json"))
-    assert failure.exit_code == 1 and "No space left on device (/x/sandbox/k/state.json)" in \
-        str(failure) and "--resume" in str(failure)
+    assert failure.exit_code == 1 and "No space left on device (/x/sandbox/k/state.json, on " \
+        "the filesystem mounted at /" in str(failure) and "--resume" in str(failure)
     assert preflight.from_os_error(OSError(errno.EINVAL, "Invalid argument")) is None
+
+
+def test_a_full_disk_is_named_by_its_mount_point_and_device(tmp_path, monkeypatch):
+    """A machine has many disks: each line about a full one says which (as df does)."""
+    import errno
+
+    from perfloop.core import mounts
+    from perfloop.core.errors import EnvironmentFailure
+    from perfloop.store import preflight
+
+    assert mounts.mount_point(Path("/proc/self/status")) == Path("/proc")
+    assert mounts.filesystem(Path("/proc/self/status")) == "the filesystem mounted at /proc (proc)"
+    mine = mounts.filesystem(tmp_path)
+    assert mounts.filesystem(tmp_path / "not" / "made") == mine   # where it would be made
+    with pytest.raises(EnvironmentFailure) as refused:
+        preflight.require_room([tmp_path], min_mb=10**12)        # (no disk has that much room)
+    assert f"MB free on {mine}, which holds {tmp_path};" in str(refused.value)
+    monkeypatch.setattr(preflight, "MIN_FREE_MB", 10**12)
+    with pytest.raises(EnvironmentFailure) as refused:
+        preflight.require_room_for_a_crash(tmp_path)
+    assert f"MB free on {mine}, which holds {tmp_path} " in str(refused.value)
+    monkeypatch.chdir(tmp_path)   # a write to a file already open names no file
+    unnamed = preflight.from_os_error(OSError(errno.ENOSPC, "No space left on device"))
+    assert f"No space left on device (on {mine}" in str(unnamed)
 
 
 # ---- output, help, worktrees ---------------------------------------------------------------
@@ -301,7 +327,9 @@ def test_a_timers_import_list_cut_short_is_the_machines_failure_not_a_crash(tmp_
     with pytest.raises(EnvironmentFailure) as caught:
         phases._finish(pending, phases.Timing(), running, "t1", [], {"labels": []},
                        deadline=0.0, select=False, shown=None)
-    assert caught.value.exit_code == 1 and "disk" in str(caught.value)
+    from perfloop.core.mounts import filesystem
+
+    assert caught.value.exit_code == 1 and f"is {filesystem(tmp_path)} full?" in str(caught.value)
     assert "\n" not in str(caught.value)
 
 

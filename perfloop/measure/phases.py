@@ -23,6 +23,7 @@ from perfloop.core import progress, stats
 from perfloop.core.atomic import digest, json_bytes, write_bytes, write_json
 from perfloop.core.errors import EnvironmentFailure
 from perfloop.core.kernel import code_digest
+from perfloop.core.mounts import filesystem
 from perfloop.core.playbook import Rules, thaw
 from perfloop.core.sandbox import Confinement, kernel_env, linked_cache, passed_environment
 from perfloop.core.vocab import CONTROL, INCUMBENT, Outcome
@@ -300,8 +301,8 @@ def _finish(pending: Pending, out: Timing, running, tag: str, remaining: list, g
                 out.imports |= set(json.loads(imports.read_text()))
             except (OSError, ValueError):  # cut short: kernel code cannot write there
                 cause = (f"the timing worker's list of what it imported ({imports}) is "
-                         "unreadable: the machine failed it (is the disk full?), not the "
-                         "candidate; free some space")
+                         f"unreadable: the machine failed it (is {filesystem(imports)} full?), "
+                         "not the candidate; free some space")
                 raise EnvironmentFailure(
                     f"{cause}; nothing was recorded: `perfloop run --resume` runs the "
                     "experiment again", during=True, cause=cause) from None

@@ -30,6 +30,7 @@ from gitdb.base import IStream  # noqa: E402
 from perfloop.core.errors import EnvironmentFailure, UserError  # noqa: E402
 from perfloop.core import spawn
 from perfloop.core.faults import crashpoint
+from perfloop.core.mounts import filesystem
 
 REF_PREFIX = "refs/perfloop"
 NO_HOOKS = "core.hooksPath=/dev/null"   # hooks are looked up in a folder that cannot hold any
@@ -50,8 +51,11 @@ def writes(fn):
             said = " ".join(str(exc.stderr or "").split()).strip("' ")
             if not any(failure in said for failure in MACHINE_FAILURES):
                 raise
+            repo = args[0] if args and hasattr(args[0], "git_dir") else None
+            disk = (filesystem(Path(repo.git_dir)) + ", the repository's," if repo is not None
+                    else "the repository's filesystem")
             cause = (f"git failed ({said[:240]}): another git command may hold that lock, or "
-                     "the repository's filesystem is full or read-only; fix that")
+                     f"{disk} is full or read-only; fix that")
             raise EnvironmentFailure(f"{cause}, then `perfloop run --resume` runs the "
                                      "unrecorded experiment again", during=True,
                                      cause=cause) from None

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import errno
 import os
+import tempfile
 from pathlib import Path
 
 from perfloop.core.errors import EnvironmentFailure, UserError
+from perfloop.core.mounts import filesystem
 from perfloop.core.source import compile_error
 
 MIN_FREE_MB = 300   # an experiment exports two copies of the folder, logs, and compile caches
@@ -46,7 +48,7 @@ def require_writable(paths: dict[Path, str]) -> None:
         where = _existing(Path(path))
         if not os.access(where, os.W_OK):
             ro = os.statvfs(where).f_flag & os.ST_RDONLY
-            why = "a read-only filesystem" if ro else "no permission to write"
+            why = f"{filesystem(where)} is read-only" if ro else "no permission to write"
             raise EnvironmentFailure(f"{where} is not writable ({why}); perfloop writes {what} "
                                      f"there: make it writable, {AGAIN}")
 
@@ -68,9 +70,9 @@ def require_room(paths: list[Path], min_mb: int | None = None) -> None:
         free = free_mb(where)
         if free < min_mb:
             raise EnvironmentFailure(
-                f"only {free:.0f} MB free on the filesystem of {where}; an experiment needs "
-                f"{min_mb} MB there (exported copies of the kernel, logs, the record): free "
-                f"some space, {AGAIN}")
+                f"only {free:.0f} MB free on {filesystem(where)}, which holds {where}; an "
+                f"experiment needs {min_mb} MB there (exported copies of the kernel, logs, the "
+                f"record): free some space, {AGAIN}")
 
 
 def require_room_for_a_crash(path: Path) -> None:
@@ -80,9 +82,9 @@ def require_room_for_a_crash(path: Path) -> None:
     free = free_mb(path)
     if free < MIN_FREE_MB:
         raise EnvironmentFailure(
-            f"the experiment crashed with only {free:.0f} MB free on the filesystem of {path} "
-            f"(an experiment needs {MIN_FREE_MB} MB): that crash is the machine's, not the "
-            "candidate's, so it was not recorded; free some space, then `perfloop run "
+            f"the experiment crashed with only {free:.0f} MB free on {filesystem(path)}, which "
+            f"holds {path} (an experiment needs {MIN_FREE_MB} MB): that crash is the machine's, "
+            "not the candidate's, so it was not recorded; free some space, then `perfloop run "
             "--resume` runs it again", during=True)
 
 
@@ -99,7 +101,19 @@ def from_os_error(exc: OSError) -> EnvironmentFailure | None:
     fix = FIXES.get(exc.errno)
     if fix is None:
         return None
-    where = f" ({exc.filename})" if exc.filename else ""
-    cause = f"{exc.strerror}{where}: {fix}"
+    cause = f"{exc.strerror}{_where(exc)}: {fix}"
     return EnvironmentFailure(f"{cause}; nothing was recorded for an unfinished experiment: "
                               "`perfloop run --resume` runs it again", during=True, cause=cause)
+
+
+def _where(exc: OSError) -> str:
+    """The refused file and its filesystem; for a write to a file already open, which names
+    none, the filesystems perfloop writes to (the repository's, the temporary one) that are
+    short of room."""
+    if exc.filename:
+        return f" ({exc.filename}, on {filesystem(Path(exc.filename))})"
+    if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return ""
+    full = dict.fromkeys(filesystem(place) for place in (Path.cwd(), Path(tempfile.gettempdir()))
+                         if free_mb(place) < MIN_FREE_MB)
+    return f" (on {' or '.join(full)})" if full else ""
