@@ -59,10 +59,9 @@ def drawn(spec, count: int | None, seed: int | None) -> tuple[int | None, tuple]
 def _execute(s: Session, count: int | None = None, seed: int | None = None) -> dict:
     module = load_module(s.spec.folder, f"bench_{s.spec.name}", f"{s.folder_rel}/{MODULE}")
     traffic.check(module, s.spec)
-    if not s.spec.requires_gpu or getattr(module, "DEVICE", "cuda") != "cuda" \
-            or hasattr(module, "Clock"):
+    if not s.spec.requires_gpu or getattr(module, "DEVICE", "cuda") != "cuda":
         raise UserError(f"kernel '{s.spec.name}' is not timed on a GPU (requires_gpu = false, or "
-                        "its own DEVICE/Clock), so there is no PyTorch GPU version to bench against")
+                        "its own DEVICE), so there is no PyTorch GPU version to bench against")
     require_gpu()
     knobs = s.spec.read_knobs()
     base = {"folder": s.spec.folder, "knobs": knobs}

@@ -147,9 +147,8 @@ def _routed(knobs: dict, build_one: Callable, folder: Path, wl, routes_itself: b
             finalists = _finalists(knobs, b, places, declared)
             if len(finalists) > 1:
                 ident = tuneonce.identity(folder, knobs, b, list(finalists), inputs)
-                clock = getattr(inspect.getmodule(build_one), "Clock", None)
                 best, how = tuneonce.choose(b, {f: runs(f) for f in finalists}, inputs, out,
-                                            extra, ident, clock)
+                                            extra, ident)
                 routes[b] = (best, how)
                 return best
         near = workload.nearest(b, places)

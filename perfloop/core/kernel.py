@@ -15,7 +15,7 @@ A kernel folder holds
                device), empty_output(inputs), reference(*inputs), traffic(shape) ->
                {"bytes": B, "flops": {unit: count}} with units tensor.bf16/fp16/tf32/fp8,
                fp32 and sfu (perfloop.core.traffic; the older (bytes, flops) pair counts its
-               FLOPs as tensor.bf16), optionally DEVICE and Clock (CPU-timed kernels); optionally
+               FLOPs as tensor.bf16), optionally DEVICE ("cpu": CPU-timed kernels); optionally
                compile_ahead(knobs, shapes, arch) for `perfloop check`; optionally
                bucket(inputs) -> str, the key of per-shape dispatch (perfloop.core.dispatch;
                without it, the workload's buckets: perfloop.core.workload);

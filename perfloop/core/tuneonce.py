@@ -4,9 +4,9 @@ kernel.toml's [workload] declares) is launched a few times on the caller's own i
 fastest is kept in memory and on disk (perfloop.core.autotune.DiskCache), and every later
 launch in that bucket runs it.
 
-Timed with the kernel's own Clock where it has one (a CPU-timed kernel), on a GPU by the
-device time of one call (perfloop.core.device_clock; the loop's timer times launches back to
-back instead), else the wall clock. The output is
+Timed on a GPU by the device time of one call (perfloop.core.device_clock; the loop's timer
+times launches back to back instead), else by the wall clock, as the loop's timer times a
+CPU kernel. The output is
 written by the finalist that runs last, the winner, so what the caller gets is the winner's
 result.
 """
@@ -43,12 +43,9 @@ def _device(inputs) -> str:
     return f"{torch.cuda.get_device_name(first.device)} ({first.device})"
 
 
-def _timer(clock_class, inputs) -> Callable[[Callable[[], object]], float]:
-    """median milliseconds of REPS calls of fn (GPU_REPS on a GPU), by the kernel's clock,
-    device time, or the wall clock."""
-    if clock_class is not None:
-        clock = clock_class()
-        return lambda fn: statistics.median(clock.time_batch(fn, REPS))
+def _timer(inputs) -> Callable[[Callable[[], object]], float]:
+    """median milliseconds of REPS calls of fn (GPU_REPS on a GPU), by device time or the wall
+    clock."""
     if _device(inputs) != "cpu":
         # Device time as the timer takes it (L2 evicted, the host's launch hidden behind a
         # sleep): events around one lone launch also hold its host time, which for a launch
@@ -96,14 +93,14 @@ def identity(kernel: Path, table: dict, bucket: str, finalists: list[str], input
 
 
 def choose(bucket: str, finalists: dict[str, Callable], inputs, out, extra: tuple,
-           ident: dict, clock_class=None, cache: DiskCache | None = None) -> tuple[str, str]:
+           ident: dict, cache: DiskCache | None = None) -> tuple[str, str]:
     """(the finalist to run in `bucket`, how it was chosen): from the disk cache, else timed
     here on these inputs. `finalists`: {the bucket it comes from: its launch}."""
     cache = cache or DiskCache()
     found = cache.get(ident)
     if found is not None:
         return found, "tuned once before (disk cache)"
-    timed = _timer(clock_class, inputs)
+    timed = _timer(inputs)
     ms, failed, passing = {}, {}, False
     for name, launch in finalists.items():
         try:

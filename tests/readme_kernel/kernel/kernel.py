@@ -1,10 +1,9 @@
 """Row-wise RMSNorm, y = x / sqrt(mean(x^2) + eps) * w, on CPU torch tensors.
 
-A CPU-timed kernel (kernel.toml: requires_gpu = false). Its cost is made deterministic: each
-launch computes the result, then spins until the calling thread has used a CPU-time budget
-derived from the knobs and the shape. The Clock measures the calling thread's CPU time
-(time.thread_time), which time spent descheduled does not inflate, so what it reports is the
-budget, nearly exactly, however busy the machine is.
+A CPU-timed kernel (kernel.toml: requires_gpu = false). Its cost is made nearly
+deterministic: each launch computes the result, then spins until a budget of wall time derived
+from the knobs and the shape has passed since it began, the clock perfloop's timer reads on a
+CPU.
 """
 import time
 
@@ -41,9 +40,9 @@ def build(knobs):
 
     def launch(inputs, out):
         x, w = inputs
-        deadline = time.thread_time() + _budget_ms(knobs, x.numel()) / 1e3
+        deadline = time.perf_counter() + _budget_ms(knobs, x.numel()) / 1e3
         # The math runs on numpy views of the CPU tensors: single-threaded, so no thread-pool
-        # barrier spins on the calling thread's CPU time when the machine is busy.
+        # barrier spins when the machine is busy.
         xa, wa, oa = x.numpy(), w.numpy(), out.numpy()
         n = xa.shape[-1]
         ss = np.zeros(xa.shape[:-1] + (1,), dtype=np.float32)
@@ -53,7 +52,7 @@ def build(knobs):
         ms = ss / np.float32(n) + np.float32(EPS)
         inv = np.float32(1.0) / np.sqrt(ms) if not fast_math else np.sqrt(np.float32(1.0) / ms)
         np.multiply(xa * inv, wa, out=oa)
-        while time.thread_time() < deadline:
+        while time.perf_counter() < deadline:
             pass
 
     return launch
@@ -88,20 +87,3 @@ def traffic(shape):
     flops = 4 * rows * cols                             # square, add, scale, multiply by w
     return nbytes, flops
 
-
-class Clock:
-    """CPU time of the calling thread per call (time.thread_time), in milliseconds."""
-
-    def time_batch(self, fn, reps, before=None):
-        times = []
-        for i in range(reps):
-            if before is not None:
-                before(i)
-            t0 = time.thread_time()
-            fn()
-            times.append((time.thread_time() - t0) * 1e3)
-        return times
-
-    def describe(self):
-        return {"clock": "time.thread_time (CPU time of the calling thread)", "device": "cpu",
-                "note": "each launch spins until it has used a knob-derived CPU-time budget"}
