@@ -100,6 +100,7 @@ class Measure:
 class Limits:
     iteration_timeout_s: float = 600.0
     stall_timeout_s: float = 180.0
+    log_cap_mb: float = 8.0      # of a child's output, the log keeps the first and last halves
     compile_processes: int = 0   # parallel warmers that fill cuTile's cache while judging
     judge_processes: int = 1     # pytest processes that judge an iteration's candidates
     start_ahead: bool = False    # GPU kernels: the next experiment's children start while timing
@@ -132,6 +133,7 @@ class Rules:
     measure: Measure
     verify: Verify
     search: Search = Search()
+    log_cap_mb: float = 8.0        # absent from rules pinned before it: the default
     compile_processes: int = 0
     judge_processes: int = 1
     start_ahead: bool = False
@@ -242,6 +244,7 @@ def rules_from_dict(raw: dict, where: str = "pinned rules") -> Rules:
                      iteration_timeout_s=raw["iteration_timeout_s"],
                      stall_timeout_s=raw["stall_timeout_s"], measure=Measure(**raw["measure"]),
                      verify=Verify(**raw["verify"]), search=_search(raw.get("search", {})),
+                     log_cap_mb=raw.get("log_cap_mb", 8.0),
                      compile_processes=raw.get("compile_processes", 0),
                      judge_processes=raw.get("judge_processes", 1),
                      start_ahead=raw.get("start_ahead", False),
@@ -268,6 +271,12 @@ def _classes(classes: Classes, path: Path) -> Classes:
         raise UserError(f"{path}: [classes] bounds must be positive, each memory_below no "
                         "larger than its compute_above")
     return classes
+
+
+def _positive(value: float, what: str, path: Path) -> float:
+    if value <= 0:
+        raise UserError(f"{path}: {what} must be above 0, not {value!r}")
+    return float(value)
 
 
 CONFINE = ("read-write", "write", "off")
@@ -325,6 +334,7 @@ def load(directory: Path) -> Playbook:
         measure=_typed(Measure, rules, "measure", rules_path),
         verify=_typed(Verify, rules, "verify", rules_path),
         search=_search(vars(_typed(Search, rules, "search", rules_path)), rules_path),
+        log_cap_mb=_positive(limits.log_cap_mb, "[limits] log_cap_mb", rules_path),
         compile_processes=limits.compile_processes,
         judge_processes=limits.judge_processes,
         start_ahead=bool(limits.start_ahead),

@@ -5,6 +5,7 @@
 - If perfloop itself dies, even by SIGKILL, the kernel sends the child SIGTERM (Linux's
   parent-death signal, set here between fork and exec); the child's side of that is
   perfloop.core.lifeline.
+- Its stdout and stderr reach its log capped (perfloop.core.childlog).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from perfloop.core import spawn
+from perfloop.core import childlog, spawn
 
 python = spawn.python  # the command line of a child
 _LIVE: set[int] = set()  # the children started here and not yet killed
@@ -134,10 +135,15 @@ class Running:
 
     def __init__(self, cmd: list[str], *, log: Path, env: dict | None, cwd: Path | None,
                  progress: list[Path]):
-        log.parent.mkdir(parents=True, exist_ok=True)
         self.log, self.watched, self.started = log, [log, *progress], time.monotonic()
-        self._out = open(log, "wb")
-        self.proc = spawn.start(cmd, stdout=self._out, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+        self._out = childlog.ChildLog(log)   # capped: a child may print without end
+        try:
+            self.proc = spawn.start(cmd, stdout=self._out.write_fd, stderr=subprocess.STDOUT,
+                                    env=env, cwd=cwd)
+        except BaseException:
+            self._out.close()
+            raise
+        self._out.started()
         _LIVE.add(self.proc.pid)
 
     def adopt(self, *, progress: list[Path]) -> None:

@@ -13,7 +13,7 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from perfloop.core import kernel, manifest, naming, plainfile, playbook, settings
+from perfloop.core import childlog, kernel, manifest, naming, plainfile, playbook, settings
 from perfloop.core.atomic import write_json
 from perfloop.core.errors import CorruptRecord, EnvironmentFailure, NeedsGPU, UserError
 from perfloop.core.vocab import Kind, Stop, StopReason
@@ -200,6 +200,7 @@ class Session:
         self.overrides = dict(overrides or {})
         self.playbook = dataclasses.replace(self.playbook, rules=settings.apply(
             self.book_rules, {**self.spec.rules, **self.overrides}))
+        childlog.configure(self.playbook.rules.log_cap_mb)   # the children this command starts
         self._files_in(self.sandboxes / self.spec.name)
         self.archived: Path | None = None   # the archived run a reader reads (read_run)
         # each code's compile cache, shared by the processes that run that code (the judge's
@@ -301,6 +302,7 @@ class Session:
         self.current_rules = settings.apply(self.book_rules,
                                             {**self.spec.rules, **state.overrides})
         self.playbook = playbook.with_rules(self.playbook, state.rules)
+        childlog.configure(self.playbook.rules.log_cap_mb)
 
     def require_run(self) -> State:
         return self.state
