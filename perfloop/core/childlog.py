@@ -29,12 +29,19 @@ LAST_READS = 256       # at the end, at most this many reads of what the pipe ho
 TOUCH_S = 1.0          # while output is only counted, the log's time moves at most this often:
                        # the stall watch (perfloop.measure.process) reads output as progress
 _cap_bytes = int(DEFAULT_CAP_MB * 2**20)
+_WRITERS: dict[str, int] = {}   # a log's path -> its pipe's end for the child, until it has it
 
 
 def configure(cap_mb: float) -> None:
     """The cap of the logs opened from now on in this process (the run's [limits] log_cap_mb)."""
     global _cap_bytes
     _cap_bytes = int(cap_mb * 2**20)
+
+
+def writer(path: Path, default: int) -> int:
+    """In a child forked from this process (not started by exec): the end of the pipe that
+    the parent made for the log at `path` before it forked, else `default`."""
+    return _WRITERS.get(str(Path(path)), default)
 
 
 def note(dropped: int, cap: int) -> bytes:
@@ -57,6 +64,7 @@ class ChildLog:
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (0 if append else os.O_TRUNC)
         self._file = os.open(self.path, flags, 0o644)
         self._read, self.write_fd = os.pipe()
+        _WRITERS[str(self.path)] = self.write_fd
         self._wake_read, self._wake = os.pipe()
         self._thread = threading.Thread(target=self._copy, daemon=True,
                                         name=f"perfloop-log-{self.path.name}")
@@ -66,6 +74,7 @@ class ChildLog:
     def started(self) -> None:
         """The child holds the pipe now: the parent's end is closed (the copy ends when the
         child's does) and the copy begins."""
+        _WRITERS.pop(str(self.path), None)
         os.close(self.write_fd)
         self.write_fd = -1
         self._thread.start()
@@ -76,6 +85,7 @@ class ChildLog:
             return
         self._closed = True
         if self.write_fd >= 0:   # (never started: no child got it)
+            _WRITERS.pop(str(self.path), None)
             os.close(self.write_fd)
             self.write_fd = -1
         os.write(self._wake, b"x")

@@ -199,7 +199,7 @@ def start_timing(variants: list[dict], shapes: list[dict], rules: Rules, *, cont
               **({"only_buckets": list(only_buckets), "always": list(always)}
                  if only_buckets is not None else {}),
               "contract_folder": str(contract), "root": str(cwd),
-              "reply_timeout_s": rules.stall_timeout_s / 2,
+              "reply_timeout_s": rules.stall_timeout_s / 2, "log_cap_mb": rules.log_cap_mb,
               "regression_tolerance": rules.decision.regression_tolerance,
               "min_gain": rules.decision.min_gain,
               "tolerance": tolerance, "headline": headline, "ceilings_cache": str(ceilings_cache),

@@ -23,7 +23,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from perfloop.core import spawn
+from perfloop.core import childlog, spawn
 from perfloop.core.channel import NO_ANSWER, Channel, Closed
 
 
@@ -40,8 +40,8 @@ CHANNEL_FDS = (100, 101)   # a launcher's ends of its pipes to the timer (read, 
 class Forked:
     """A launcher process forked from the timer: what Launcher needs of a Popen."""
 
-    def __init__(self, pid: int):
-        self.pid, self.returncode = pid, None
+    def __init__(self, pid: int, output: childlog.ChildLog | None = None):
+        self.pid, self.returncode, self.output = pid, None, output
 
     def poll(self) -> int | None:
         if self.returncode is None:
@@ -96,8 +96,8 @@ def _become_launcher(cwd: Path, env: dict, log: Path, fds: tuple) -> None:
     null, out = os.open(os.devnull, os.O_RDONLY), os.open(log, os.O_WRONLY | os.O_CREAT
                                                          | os.O_APPEND, 0o644)
     os.dup2(null, 0)
-    os.dup2(out, 1)
-    os.dup2(out, 2)
+    os.dup2(childlog.writer(log, out), 1)   # (the pipe fork_launcher made for its log)
+    os.dup2(childlog.writer(log, out), 2)
     for fd in _timer_files():
         if fd > 2 and fd not in fds:
             try:
@@ -126,11 +126,13 @@ def _become_launcher(cwd: Path, env: dict, log: Path, fds: tuple) -> None:
 def fork_launcher(cwd: Path, env: dict, log: Path, fds: tuple) -> Forked:
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
+    output = childlog.ChildLog(log, append=True)   # capped: kernel code may print without end
     with warnings.catch_warnings():  # (3.12 warns of the timer's lifeline thread: the child
         warnings.simplefilter("ignore", DeprecationWarning)  # runs nothing it shares)
         pid = os.fork()
     if pid:
-        return Forked(pid)
+        output.started()
+        return Forked(pid, output)
     code = 1
     try:
         _become_launcher(cwd, env, log, fds)
@@ -244,6 +246,8 @@ class Launcher:
     def kill(self) -> None:
         spawn.kill_group(self.proc)
         self.log.close()
+        if self.proc.output is not None:
+            self.proc.output.close()
 
 
 def _signal_group(pgid: int, sig: int) -> None:

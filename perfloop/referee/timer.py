@@ -27,6 +27,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from perfloop.core import (
+    childlog,
     envinfo,
     gpu_ipc,
     hooks,
@@ -119,6 +120,7 @@ class Timer:
         self.progress = Progress(Path(spec["progress"]))
         self.failed: dict[str, dict] = {}  # label -> {reason, kind}
         self.reply_s = float(spec.get("reply_timeout_s", 300))
+        childlog.configure(float(spec.get("log_cap_mb", childlog.DEFAULT_CAP_MB)))  # (launchers)
         self._own = _own_helpers()   # before any kernel code exists
         self.sched = scheduling.own()  # what every timed batch runs with
         forked = self._fork_launchers(spec["variants"])  # first: see perfloop.referee.launchers

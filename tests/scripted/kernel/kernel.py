@@ -28,6 +28,8 @@ kernel can see for itself: how often a built launcher was called and how large i
   env              writes its environment to $SCRIPTED_ENV_DUMP/<pid>.json (variables in
                    it expanded), then doubles
   compile-error    raises when built, as a kernel that fails to compile does
+  print-N          doubles, and writes N bytes to stdout and to stderr on every launch (a
+                   kernel left printing its debugging: its logs grow without end)
   exit-at-N        ends the process with status 0 (os._exit) when given exactly N values: a
                    size the judge has and the timer has not, so its later cases never run
   skip-at-N        calls pytest.skip when given exactly N values and pytest is loaded (judged)
@@ -104,6 +106,14 @@ def _threshold(mode: str, prefix: str) -> int | None:
     return int(mode[len(prefix):]) if mode.startswith(prefix) else None
 
 
+def _chatter(n: int, calls: int) -> None:
+    """n bytes of numbered lines on stdout, and on stderr."""
+    for stream in (sys.stdout, sys.stderr):
+        line = f"launch {calls} of pid {os.getpid()} on {stream.name}: " + "x" * 60 + "\n"
+        stream.write((line * (n // len(line) + 1))[:n])
+        stream.flush()
+
+
 def bucket(inputs) -> str:
     return "big" if len(inputs[1]) >= 600 else "small"
 
@@ -124,6 +134,7 @@ def _build_one(knobs: dict):
     if mode == "compile-error":
         raise RuntimeError("tileiras: error: register allocation failed")
     delay = float(os.environ.get("SCRIPTED_DELAY_S", "0"))
+    chatty = _threshold(mode, "print-")
     counter = itertools.count()
     seen: set = set()
     if mode == "tamper-judge" and "perfloop.core.outputs" in sys.modules:
@@ -179,6 +190,8 @@ def _build_one(knobs: dict):
             time.sleep(3600)
         if delay:
             time.sleep(delay)
+        if chatty:
+            _chatter(chatty, calls)
         shape, values = inputs
         if mode == "nan-out" and not torch.isnan(out).all():
             return _sleep(latency(knobs, shape, calls))
