@@ -6,6 +6,7 @@ import signal
 import time
 
 import pytest
+from conftest import HANG_S
 
 from perfloop.referee import scheduling
 
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="Li
 def child():
     pid = os.fork()
     if pid == 0:
-        time.sleep(60)
+        time.sleep(HANG_S)   # (killed once the test is done, however long that takes)
         os._exit(0)
     yield pid
     os.kill(pid, signal.SIGKILL)
