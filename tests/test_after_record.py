@@ -26,7 +26,7 @@ RECORD = Experiment.from_dict({
                         "unrecorded experiment again", during=True,
                         cause="git failed (lock): fix that"), "git failed (lock): fix that"),
     (OSError(errno.ENOSPC, "No space left on device", "/x/state.json"),
-     "No space left on device (/x/state.json): free some space there"),
+     "No space left on device (/x/state.json, on the filesystem mounted at"),
 ])
 def test_a_failure_past_the_record_says_the_iteration_was_recorded(raised, words):
     with pytest.raises(AfterRecord) as caught:
