@@ -147,7 +147,7 @@ def test_a_kernel_tag_reorders_the_playbook_and_says_so():
     # entries without a rank for the tag keep their class's rank (num_ctas: 9 for memory-bound)
     assert next(s for s in tagged if s.optimization.id == "num_ctas").rank == 9
     # a tag the catalog does not know changes nothing
-    other = decide.rank(pb.optimizations, "memory-bound", knobs, {}, set(), {}, ("attention",))
+    other = decide.rank(pb.optimizations, "memory-bound", knobs, {}, set(), {}, ("stencil",))
     assert [s.optimization.id for s in other] == [s.optimization.id for s in plain]
 
 
