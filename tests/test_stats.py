@@ -79,6 +79,27 @@ def test_bench_shows_the_paired_ratio_that_its_interval_belongs_to():
     assert abs(pooled - 1.02) > 0.05   # what the column showed before
 
 
+def test_bench_and_its_record_show_tflops_for_tensor_core_flops_only():
+    from perfloop.commands import bench
+    from perfloop.measure import phases
+
+    rounds = [[2.0] * 3] * 3
+    shape = {"rounds": {"incumbent": rounds, "incumbent-again": rounds}, "bytes": 4e6,
+             "flops": 1e12, "reps": 3, "floor_ms": 1.0}
+    tensor = phases.summarize_pass({"shapes": {"s": {
+        **shape, "flops_by_unit": {"tensor.bfloat16": 1e12, "sfu": 1e9}}}})
+    assert tensor["s"]["variants"]["incumbent"]["tflops"] == pytest.approx(500.0)   # 1e12 / 2 ms
+    plain = phases.summarize_pass({"shapes": {"s": {**shape, "flops_by_unit": {"fp32": 1e12}}}})
+    assert "tflops" not in plain["s"]["variants"]["incumbent"]
+    env = {"gpu_name": "H100", "driver": "1", "cutile": "1.7.0", "torch": "2"}
+    for summary, column in ((tensor, True), (plain, False)):
+        text = bench.render({"kernel": "k", "headline": "s", "environment": env,
+                             "ceilings": {"copy_gbps": 3000.0},
+                             "rows": bench.table_rows(summary, {"incumbent": "cutile"})})
+        assert ("TFLOP/s" in text) == column
+        assert (" 500.0 |" in text) == column
+
+
 # ---- adversarial inputs: a busy machine's zeros, lost batches, one or identical samples ----
 from hypothesis import given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402

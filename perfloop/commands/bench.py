@@ -126,6 +126,7 @@ def table_rows(summary: dict, labels: dict) -> list[dict]:
             rows.append({"shape": name, "variant": shown, "median_ms": v["median_ms"],
                          "ci_low_ms": v["ci_low_ms"], "ci_high_ms": v["ci_high_ms"],
                          "host_us_per_call": v["host_us_per_call"], "gbps": v.get("gbps"),
+                         "tflops": v.get("tflops"),
                          "share_of_floor": v.get("share_of_floor"),
                          "vs_cutile": paired["ratio"] if paired else 1.0,
                          "ratio_ci": [paired["ci_low"], paired["ci_high"]] if paired
@@ -137,18 +138,20 @@ def render(r):
     if "error" in r:
         return f"bench failed: {r['error']}"
     env, ceil = r["environment"], r["ceilings"]
+    rate = any(row.get("tflops") for row in r["rows"])   # tensor-core FLOPs: a compute kernel
     lines = [f"{r['kernel']} on {env.get('gpu_name')} (driver {env.get('driver')}, cuTile "
              f"{env.get('cutile')}, torch {env.get('torch')}); bandwidth ceiling "
              f"{ceil.get('bandwidth_gbps') or ceil['copy_gbps']:.0f} GB/s (copy "
              f"{ceil['copy_gbps']:.0f})", "",
-             "| shape | variant | median ms | 95% CI ms | GB/s | share of floor "
-             "| time / cuTile, paired rounds (95% CI) |",
-             "|:--|:--|--:|--:|--:|--:|--:|"]
+             "| shape | variant | median ms | 95% CI ms | GB/s | " + ("TFLOP/s | " if rate else "")
+             + "share of floor | time / cuTile, paired rounds (95% CI) |",
+             "|:--|:--|--:|--:|--:|--:|--:|" + ("--:|" if rate else "")]
     for row in r["rows"]:
         shape = row["shape"] + (" (headline)" if row["shape"] == r["headline"] else "")
         lines.append(f"| {shape} | {row['variant']} | {row['median_ms']:.4f} | "
                      f"{row['ci_low_ms']:.4f}-{row['ci_high_ms']:.4f} | "
                      f"{_num(row['gbps'], '.0f')} | "
+                     + (f"{_num(row.get('tflops'), '.1f')} | " if rate else "") +
                      f"{_num(row['share_of_floor'], '.3f')} | {row['vs_cutile']:.3f} "
                      f"({row['ratio_ci'][0]:.3f}-{row['ratio_ci'][1]:.3f}) |")
     for name, why in (r.get("untimed") or {}).items():

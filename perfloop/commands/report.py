@@ -295,6 +295,9 @@ def shapes_frame(r):
                "share of floor": (f"{_num(sh['baseline_share_of_floor'], '.3f')} -> "
                                   f"{_num(sh['incumbent_share_of_floor'], '.3f')}"
                                   if sh["floor_ms"] else "-"),
+               **({"TFLOP/s": f"{_num(sh.get('baseline_tflops'), '.1f')} -> "
+                              f"{_num(sh.get('incumbent_tflops'), '.1f')}"}
+                  if sh.get("baseline_tflops") or sh.get("incumbent_tflops") else {}),
                "speedup (one process, 95% CI)": (
                    f"{sh['speedup']:.3f}x ({sh['speedup_ci'][0]:.3f}-{sh['speedup_ci'][1]:.3f})"
                    if sh["speedup"] is not None and sh["speedup_ci"] else

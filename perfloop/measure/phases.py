@@ -376,6 +376,10 @@ def summarize_pass(timed_pass: dict, incumbent: str = INCUMBENT, control: str = 
                      "host_us_per_call": statistics.median(host) if host else None,
                      "host_us_samples": host,
                      "fresh_ratio": shape.get("fresh_ratio", {}).get(label)}
+            tensor = sum(count for unit, count in (shape.get("flops_by_unit") or {}).items()
+                         if unit.startswith("tensor."))
+            if tensor and summary.median > 0:   # a compute-bound kernel's rate, as its peers say
+                entry["tflops"] = tensor / summary.median / 1e9
             if shape.get("floor_ms") and summary.median > 0:
                 entry["gbps"] = shape["bytes"] / summary.median / 1e6
                 entry["share_of_floor"] = shape["floor_ms"] / summary.median

@@ -110,19 +110,22 @@ def bench_section(f: RunFacts) -> list[str]:
     rows = (f.bench or {}).get("rows") or []
     if not rows:
         return []
+    rate = any(row.get("tflops") for row in rows)   # tensor-core FLOPs: a compute kernel
     which = ("the final knobs" if f.bench_of_final else
              "other knobs than the final ones: run `perfloop bench` again")
     lines = ["", "## Against peers (perfloop bench)", "",
              f"`sandbox/{f.kernel}/bench.json`, every variant in one process, timed {which}; "
              "time / cuTile is the median of the per-round ratios.", "",
-             "| shape | variant | median ms | share of floor | time / cuTile (95% CI) |",
-             "|:--|:--|--:|--:|--:|"]
+             "| shape | variant | median ms | " + ("TFLOP/s | " if rate else "")
+             + "share of floor | time / cuTile (95% CI) |",
+             "|:--|:--|--:|--:|--:|" + ("--:|" if rate else "")]
     order = {name: i for i, name in enumerate(f.shapes)}
     for row in sorted(rows, key=lambda r: order.get(r.get("shape"), len(order))):
         ratio = ("1.000" if row.get("variant") == BENCH_SELF
                  else _ratio(row.get("vs_cutile"), row.get("ratio_ci")))
         lines.append(f"| {_shape(str(row.get('shape')), f.headline)} | {row.get('variant')} | "
                      f"{_num(row.get('median_ms'), '.4f')} | "
+                     + (f"{_num(row.get('tflops'), '.1f')} | " if rate else "") +
                      f"{_num(row.get('share_of_floor'), '.3f')} | {ratio} |")
     return lines
 

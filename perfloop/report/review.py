@@ -155,7 +155,8 @@ def competitors(bench: dict | None) -> dict[str, list[dict]]:
         out.setdefault(row["shape"], []).append(
             {"variant": row["variant"], "median_ms": row["median_ms"],
              "ci_ms": [row.get("ci_low_ms"), row.get("ci_high_ms")],
-             "vs_cutile": row.get("vs_cutile"), "share_of_floor": row.get("share_of_floor")})
+             "vs_cutile": row.get("vs_cutile"), "share_of_floor": row.get("share_of_floor"),
+             "tflops": row.get("tflops")})
     return out
 
 
@@ -187,6 +188,8 @@ def shapes(recs: list[Experiment], names: list[str], incumbent: str,
             "floor_ms": (inc or base or {}).get("floor_ms"),
             "baseline_share_of_floor": base and base.get("share_of_floor"),
             "incumbent_share_of_floor": inc and inc.get("share_of_floor"),
+            "baseline_tflops": base and base.get("tflops"),
+            "incumbent_tflops": inc and inc.get("tflops"),
             "speedup": one["speedup"] if one else None,
             "speedup_ci": one.get("speedup_ci") if one and not same else None,
             "speedup_method": method if one else None,
