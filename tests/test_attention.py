@@ -152,20 +152,18 @@ def reference(q, k, v, causal, scale=None):
 
 
 def pytorch(q, k, v, causal, scale=None):
-    """PyTorch's own attention in the inputs' dtype: SDPA's math backend (lower-right causal
-    where Sq != Sk: SDPA's is_causal aligns to the start), rows that see no key 0."""
-    import warnings
-
+    """PyTorch's own attention in the inputs' dtype: SDPA's math backend, causal aligned to
+    the end by a boolean mask where Sq != Sk (SDPA's is_causal aligns to the start;
+    causal_lower_right() would choose flash or efficient attention itself), rows that see no
+    key 0."""
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    mask, is_causal = None, causal
-    with warnings.catch_warnings(), sdpa_kernel(SDPBackend.MATH):
-        warnings.simplefilter("ignore")   # causal_lower_right warns of the rows zeroed below
-        if causal and q.shape[2] != k.shape[2]:
-            from torch.nn.attention.bias import causal_lower_right
-
-            mask, is_causal = causal_lower_right(q.shape[2], k.shape[2]), False
+    sq, sk = q.shape[2], k.shape[2]
+    mask, is_causal = None, causal and sq == sk
+    if causal and sq != sk:
+        mask = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril(sk - sq)
+    with sdpa_kernel(SDPBackend.MATH):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
                                              scale=scale, enable_gqa=q.shape[1] != k.shape[1])
     return out.nan_to_num(0.0)
@@ -349,12 +347,9 @@ def test_the_sdpa_competitors_take_gqa_and_lower_right_causal_on_the_cpu():
     rivals = kernel.sdpa_backends()
     assert {"sdpa-math", "sdpa-flash", "sdpa-efficient"} <= set(rivals)
     inputs = _inputs(("c", "float32", (1, 4, 2, 7, 19, 16), True, "plain"), 0, device="cpu")
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        got = rivals["sdpa-math"](*inputs)
-    assert torch.allclose(got, reference(*inputs), atol=1e-5)
+    assert torch.allclose(rivals["sdpa-math"](*inputs), reference(*inputs), atol=1e-5)
+    one = _inputs(("c", "float32", (1, 4, 2, 1, 19, 16), True, "plain"), 0, device="cpu")
+    assert torch.allclose(rivals["sdpa-flash"](*one), reference(*one), atol=1e-5)   # no mask
 
 
 def test_pairs_traffic_and_tolerance():
@@ -398,6 +393,12 @@ def test_buckets_restrict_and_canonical():
     assert "spills" in kernel.restrict({**knobs, "tile": (256, 128), "num_ctas": 2})
     assert "128 rows" in kernel.restrict({**knobs, "tile": (64, 128), "num_ctas": 2})
     assert kernel.restrict({**knobs, "tile": (128, 128), "num_ctas": 2}) is None
+    no_tma = {**knobs, "load_allow_tma": False}
+    assert kernel.restrict(no_tma) is None                               # occupancy 2
+    assert "TMA" in kernel.restrict({**no_tma, "occupancy": 3})
+    assert "TMA" in kernel.restrict({**no_tma, "tile": (64, 64)})
+    assert "TMA" in kernel.restrict({**no_tma, "worker_warps": 8})
+    assert kernel.restrict({**no_tma, "tile": (64, 64), "occupancy": 1}) is None
     assert kernel.canonical({**knobs, "num_ctas": 1, "latency": 4}) == \
         {**knobs, "num_ctas": None, "latency": (4, 4)}
 

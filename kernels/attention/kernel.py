@@ -286,6 +286,16 @@ def restrict(knobs: dict) -> str | None:
         # each CTA of the pair takes half the rows, under the 64 of one warpgroup's product:
         # 64x128 compiled to 17656 instructions (2160 alone), 9.6 TFLOP/s in the issue
         return "num_ctas = 2 splits the tile's rows between two CTAs: it needs 128 rows"
+    occupancy = knobs.get("occupancy")
+    if knobs.get("load_allow_tma") is False and occupancy != 1 and (
+            occupancy is None or occupancy >= 3 or knobs["tile"] == (64, 64)
+            or knobs.get("worker_warps") == 8 or knobs.get("num_ctas") == 2):
+        # tileiras 13.4 for sm_90 fails with return code 5 and no message: at occupancy 3 and
+        # 4 at D 64 (64x128, 128x128) and 128 (64x64, 128x64); at 2, 64x64 at D 256, 8 warps
+        # on 128x128 (D 64, 128) and 128x64 (D 128), clusters of 2 on 128x64 (D 256). At
+        # occupancy 1 every tile, warp count and cluster compiled
+        return ("loads without TMA compile only at occupancy 1, or 2 on 4 warps without a "
+                "cluster and tiles other than 64x64")
     return None
 
 
@@ -471,7 +481,7 @@ def tolerance(shape, index: int, dtype: str) -> dict | None:
 def competitors() -> dict:
     """Other implementations `perfloop bench` times beside PyTorch's, {name: fn(q, k, v,
     causal[, scale]) -> out}: SDPA with each backend this torch has (cuDNN, flash, efficient,
-    math; causal with Sq != Sk through a lower-right causal mask), and a Triton kernel where
+    math; causal with Sq != Sk through a mask aligned to the end), and a Triton kernel where
     Triton is installed."""
     from perfloop.kernel import triton_competitor
 
@@ -491,20 +501,26 @@ def sdpa_backends() -> dict:
             for short, full in names.items() if hasattr(SDPBackend, full)}
 
 
+def lower_right(sq: int, sk: int, causal: bool, device) -> tuple:
+    """(attn_mask, is_causal) for SDPA: its is_causal aligns to the start, so Sq != Sk gets
+    a boolean mask aligned to the end (causal_lower_right() would pick flash or efficient
+    attention itself, whatever sdpa_kernel() allows); one query sees every key."""
+    if not causal or sq == 1:
+        return None, False
+    if sq == sk:
+        return None, True
+    return torch.ones(sq, sk, dtype=torch.bool, device=device).tril(sk - sq), False
+
+
 def _sdpa(backend):
     def run(q, k, v, causal, scale=None):
         import torch.nn.functional as F
         from torch.nn.attention import sdpa_kernel
 
-        gqa = q.shape[1] != k.shape[1]
-        mask, is_causal = None, bool(causal)
-        if causal and q.shape[2] != k.shape[2]:   # SDPA's is_causal aligns to the start
-            from torch.nn.attention.bias import causal_lower_right
-
-            mask, is_causal = causal_lower_right(q.shape[2], k.shape[2]), False
+        mask, is_causal = lower_right(q.shape[2], k.shape[2], bool(causal), q.device)
         with sdpa_kernel(backend):
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
-                                                  scale=scale, enable_gqa=gqa)
+                                                  scale=scale, enable_gqa=q.shape[1] != k.shape[1])
     run.__name__ = f"sdpa_{backend.name.lower()}"
     return run
 
