@@ -19,7 +19,8 @@ LOG2E = 1.4426950408889634
 def _fits(configs, named_args, **kwargs):
     """Head dim 256: blocks of at most 64 keys in at most 2 stages (K and V tiles of 128 keys
     x 256 in 3 stages need 384 KB of shared memory)."""
-    if named_args["D"] < 256:
+    # (Triton 3.x passes constexpr arguments in kwargs, not named_args)
+    if {**named_args, **kwargs}["D"] < 256:
         return configs
     return [c for c in configs if c.kwargs["BN"] <= 64 and c.num_stages <= 2]
 
