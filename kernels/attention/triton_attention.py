@@ -13,7 +13,7 @@ import triton.language as tl
 CONFIGS = [triton.Config({"BM": bm, "BN": bn}, num_warps=w, num_stages=s)
            for bm, bn, w, s in [(128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 4, 3),
                                 (64, 64, 4, 3), (128, 64, 8, 2), (64, 64, 4, 2)]]
-LOG2E = 1.4426950408889634
+LOG2E = tl.constexpr(1.4426950408889634)   # a global a jitted function reads
 
 
 def _fits(configs, named_args, **kwargs):
