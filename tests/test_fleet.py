@@ -61,6 +61,32 @@ def test_one_group_with_a_best_needs_no_selection_pass():
     assert merged.best == "c0" and not select and merged.outcome["c1"] == ("fail", "wrong")
 
 
+def test_a_selection_pass_runs_from_its_groups_exports_while_they_hold_its_files(tmp_path):
+    """cuTile's compile cache keys on the source's path: the fresh pass that decides runs the
+    kernels its group compiled on that worker, from the same folders, unless one changed."""
+    from perfloop.fleet import worker
+    from perfloop.measure.trial import Plan
+    from perfloop.store import snapshot
+
+    files = {"kernel.py": (snapshot.REGULAR, b"x = 1\n")}
+    digest = snapshot.digest(files)
+    variant = {"label": "c0", "folder": digest, "knobs": {}}
+    plan = Plan(Kind.PLAYBOOK, 1, {**variant, "label": INCUMBENT}, {**variant, "label": CONTROL},
+                [variant], {}, [], "head", {}, None, True, 0.0)
+
+    def task(key):
+        return tasks.Task(key, "k", "kernels/k", {}, "", "", {digest: files}, plan, 60.0, "s")
+
+    group = task("k-01-ab")
+    first = worker._exports(group, tmp_path)[digest]
+    assert worker._exports(tasks.selection(group, "c0"), tmp_path)[digest] == first
+    assert worker._exports(task("k-02-cd"), tmp_path)[digest] != first   # another's: its own
+    os.chmod(first / "kernel.py", 0o644)
+    (first / "kernel.py").write_text("x = 2\n")   # what a child might have left
+    fresh = worker._exports(tasks.selection(group, "c0"), tmp_path)[digest]
+    assert fresh != first and snapshot.read_back(fresh) == files
+
+
 # ---- the workers ------------------------------------------------------------------------
 @pytest.fixture
 def fleet(tmp_path):

@@ -58,8 +58,9 @@ class Remote:
         merged, select = tasks.merge(results, plan.choosing, rules.decision.regression_tolerance)
         fleet = {"tasks": len(jobs), "where": [got.where for got in results], "lost": lost}
         if select:
-            chosen = jobs[[got.best for got in results].index(merged.best)]
-            [final], more = self.run([tasks.selection(chosen, merged.best)])
+            at = [got.best for got in results].index(merged.best)
+            [final], more = self.run([tasks.selection(jobs[at], merged.best)],
+                                     near=(results[at].where or {}).get("worker"))
             lost += more
             merged.timing, merged.passes = final.timing, final.passes
             merged.best = final.best if final.outcome.get(merged.best, ("ok",))[0] == "ok" \
@@ -72,10 +73,11 @@ class Remote:
         return merged
 
     # ---- tasks on the workers -------------------------------------------------------------
-    def run(self, jobs: list, fn=None) -> tuple[list[Measured], list[dict]]:
+    def run(self, jobs: list, fn=None, near: str | None = None
+            ) -> tuple[list[Measured], list[dict]]:
         """Every task to its result, in order, by `fn` on a worker (default: measuring it); a
-        task whose worker was lost runs again on another (RUNS in all). Returns the results
-        and the workers lost."""
+        task whose worker was lost runs again on another (RUNS in all). `near`: the worker
+        to run them on while it can. Returns the results and the workers lost."""
         from distributed import KilledWorker
 
         fn = fn or self.measure_fn
@@ -84,7 +86,7 @@ class Remote:
         pending = {i: 0 for i in range(len(jobs))}
         results: dict = {}
         while pending:
-            futures = {i: self._submit(client, fn, jobs[i], resources) for i in pending}
+            futures = {i: self._submit(client, fn, jobs[i], resources, near) for i in pending}
             for i, future in futures.items():
                 try:
                     results[i] = self._wait(future)
@@ -103,10 +105,11 @@ class Remote:
                         self._futures.discard(future)
         return [results[i] for i in range(len(jobs))], lost
 
-    def _submit(self, client, fn, job, resources):
+    def _submit(self, client, fn, job, resources, near=None):
         future = client.submit(host.watched, fn, job, self.fleet.stop,
                                key=f"{job.key}-{time.monotonic_ns()}", pure=False,
-                               resources=resources)
+                               resources=resources, workers=[near] if near else None,
+                               allow_other_workers=bool(near))
         with self._lock:
             self._futures.add(future)
         return future

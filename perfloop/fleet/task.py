@@ -30,6 +30,7 @@ class Task:
     stop: str                 # the driver's stop event
     pass_env: tuple = ()
     confine: str = "read-write"
+    reuse: str = ""           # a task of this experiment whose exports it runs from, if here
 
 
 def groups(candidates: list, width: int) -> list[list]:
@@ -124,11 +125,13 @@ def _judged(results: list[Measured]):
 
 def selection(task: Task, best: str) -> Task:
     """The task of the fresh pass that decides: the incumbent, its control and the chosen
-    candidate, on one GPU, timed at every shape; judged before, so not again."""
+    candidate, on one GPU, timed at every shape; judged before, so not again. On the worker
+    that ran `task` it runs from that task's exports, whose kernels are compiled there
+    (cuTile's cache key holds the source's path)."""
     plan = task.plan
     cand = next(v for v in plan.candidates if v["label"] == best)
     return dataclasses.replace(
-        task, key=task.key + "-selection",
+        task, key=task.key + "-selection", reuse=task.key,
         plan=dataclasses.replace(plan, candidates=[cand], finalists={}, judge=False),
         code={d: f for d, f in task.code.items()
               if d in (plan.incumbent["folder"], plan.control["folder"], cand["folder"])})

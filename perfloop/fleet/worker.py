@@ -38,14 +38,39 @@ def _foreign(root: Path, allowed: list[Path]):
     return foreign
 
 
+_EXPORTED: dict = {}   # (task key, content address) -> its export on this worker
+
+
+def _exports(task, root: Path) -> dict:
+    """Each variant's folder here: a new export, or the one the task it reuses ran from (its
+    kernels are then in the compile cache) where that still holds exactly its files."""
+    key = task.reuse or task.key
+    out = {}
+    for digest, files in task.code.items():
+        folder = _EXPORTED.get((key, digest))
+        if folder is None or not folder.is_dir() or snapshot.read_back(folder) != files:
+            folder = snapshot.export(files, root / "code" / key, task.folder_rel)
+            _EXPORTED[(key, digest)] = folder
+        out[digest] = folder
+    return out
+
+
+def address() -> str | None:
+    """This Dask worker's address (None outside one)."""
+    try:
+        from distributed import get_worker
+
+        return get_worker().address
+    except (ImportError, ValueError):
+        return None
+
+
 def measure_task(task) -> Measured:
     """Measure one Task here; returns what was measured, with where."""
     root = host.scratch()
     tree = pinned.written(task.pinned, ini=task.ini, judge_rel=task.judge_rel,
                           folder_rel=task.folder_rel, under=root / "pins")
-    code_dir = root / "code" / task.key
-    folders = {digest: snapshot.export(files, code_dir, task.folder_rel)
-               for digest, files in task.code.items()}
+    folders = _exports(task, root)
     work = root / "work" / task.key
     work.mkdir(parents=True, exist_ok=True)
 
@@ -69,5 +94,5 @@ def measure_task(task) -> Measured:
         process.kill_strays()
     ident = host.identity_cached()
     got.where = {"host": ident["host"], "gpu": (ident["gpus"] or [None])[0],
-                 "worker_pid": os.getpid(), "task": task.key}
+                 "worker_pid": os.getpid(), "task": task.key, "worker": address()}
     return got

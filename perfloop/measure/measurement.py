@@ -37,10 +37,12 @@ def measure(plan: Plan, place: Place, *, pool=None, waiting=None,
         plan.timed(control=False), plan.shapes, processes=plan.rules.compile_processes,
         contract=place.pinned.contract, work=place.work, cwd=place.root, env=place.env,
         confinement=place.confinement, cache=place.cache
-    ) if plan.requires_gpu and plan.candidates and plan.judge else []
+    ) if plan.requires_gpu and plan.candidates else []
     if plan.judge:
         _judge(plan, place, out, timer, warmers, pool)
-    else:
+    else:   # (the warmers compile in parallel what the timer would build one by one)
+        phases.wait_warmers(warmers, until=plan.deadline)
+        process.kill_strays()
         out.judged = judge.JudgeResult(detail="judged before, on another GPU")
         out.outcome = {v["label"]: (Outcome.OK, "") for v in plan.candidates}
     after_judge()
