@@ -2,8 +2,8 @@
 what a launch that tunes once among finalists times (perfloop.core.tuneonce), and the
 timer's warm-up and ceilings. The loop's keep or revert is timed differently: batches of
 launches back to back over several input slots (perfloop.referee.launchers.GpuClock). The
-two can rank configs that differ by under 5% differently (docs/workload.md: at RMSNorm's
-16384 x 4096 one call read 91.2 against 90.3 us, back to back 95.3 against 99.0)."""
+two can rank configs that differ by under 5% differently
+(docs/findings/2026-11-27-workload-bar.md, "Which timer")."""
 
 from __future__ import annotations
 

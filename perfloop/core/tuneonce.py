@@ -49,7 +49,7 @@ def _timer(inputs) -> Callable[[Callable[[], object]], float]:
     if _device(inputs) != "cpu":
         # Device time as the timer takes it (L2 evicted, the host's launch hidden behind a
         # sleep): events around one lone launch also hold its host time, which for a launch
-        # of a few microseconds is most of the reading and chose the slower finalist on an H200
+        # of a few microseconds is most of the reading (kernels/rmsnorm/NOTES.md)
         import torch
 
         device = next(x for x in inputs if hasattr(x, "device")).device

@@ -91,8 +91,9 @@ class ChildResult:
     log: Path
     stalled: bool = False
     # ended by perfloop once it had delivered what it was asked for (wait's `done`), without
-    # waiting for its exit: torch and CUDA took 1.3-2.2 s to tear down each judge process on
-    # an H100, while the experiment waited (returncode: None unless it had exited by then)
+    # waiting for its exit: torch's and CUDA's teardown takes seconds a process, which the
+    # experiment waited for (docs/findings/2026-11-27-boundary-cost.md; returncode: None
+    # unless it had exited by then)
     delivered: bool = False
 
     @property

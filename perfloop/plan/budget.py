@@ -49,8 +49,8 @@ def spent(rec) -> Spent:
     screening = bool(rec.extra.get("screening"))
     screened = len(outcomes) if screening else 0
     # a screened search drops its cliffs while screening (in screen_s) and times its finalists
-    # to the end: a reference for the next (on an H100 two RMSNorm bucket searches took 88 and
-    # 94 s, and the next was estimated from the slowest step at 115 s and did not fit)
+    # to the end: a reference for the next (estimated from a step instead, a search did not
+    # fit: kernels/rmsnorm/NOTES.md)
     early = ("screened", "slow") if screening else ("screened",)
     spoils = ("crash",) if screening else ("crash", "slow")
     timed = sum(o not in early for o in outcomes) or 1

@@ -147,9 +147,8 @@ def _run_stop(verdicts: list[Verdict], searched: list[bool], rules: StopRules) -
     if stops and all(searched[stops[-1] + 1:]):
         found = vocab.Stop(StopReason.MINOR_GAIN, verdicts[stops[-1]].reason)
     # A search experiment re-measures values already tried, so its revert says nothing about
-    # the untried ideas: only catalog experiments count towards the streak (on an H100 a
-    # RMSNorm run stopped on tile, its dispatch and a joint search, before occupancy and
-    # persistent scheduling, which held its missing 7-16%, were ever tried)
+    # the untried ideas: only catalog experiments count towards the streak (else a run stops
+    # before the ideas that hold its gain are tried: kernels/rmsnorm/NOTES.md)
     streak = 0
     for verdict, search_ in reversed(list(zip(verdicts, searched))):
         if verdict.improved:

@@ -113,8 +113,8 @@ def alternating(clock: Clock, launchers: dict[str, Callable], settings: Measure,
                    and label not in unverified else None)
         estimates[label] = warm_up(clock, launchers[label], settings.warmup_ms, give_up, reset)
         if give_up is not None and estimates[label] > give_up:
-            # a slow start is not a cliff: on an H100 warm-ups of 5x and 9.7x came from kernels
-            # that then ran at 1.0x and 1.26x. A cliff (spills: ~15x) stays slow when retried.
+            # a slow start is not a cliff, which stays slow when retried
+            # (docs/findings/2026-11-25-timer-measurements.md)
             estimates[label] = warm_up(clock, launchers[label], settings.warmup_ms, give_up,
                                        reset)
         if give_up is not None and estimates[label] > give_up:

@@ -56,10 +56,9 @@ CHECKS_PER_BATCH = 2
 # launches of 40 us host work each needs 10 ms and more); past a second, the variant fails
 MAX_PAD_US = 1_000_000.0
 # a warm-up of one-launch batches stops here even short of warmup_ms: each batch also costs
-# its flush, its sleep and a round trip (ms), so a 40 us kernel took 30 s to reach 100 ms. The
+# its flush, its sleep and a round trip (ms), so a short kernel takes long to reach it. The
 # GPU is warm from the shapes and variants before; the rounds alternate their order, so what
-# warming is left falls on no one variant (at 40 batches, SwiGLU's warm-ups took a fifth of a
-# step on an H100)
+# warming is left falls on no one variant (docs/findings/2026-11-25-timer-measurements.md)
 WARM_MAX_BATCHES = 12
 MAX_SLOTS = 256
 SLOT_MEMORY_SHARE = 0.25   # of the GPU memory free when a shape starts
