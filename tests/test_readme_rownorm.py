@@ -1,6 +1,6 @@
 """The row norm written from the README (tests/readme_rownorm/) stays a kernel perfloop takes:
 its manifest, workload and finalists load, and its benchmark shapes fall in three buckets of
-their own, as the runs described in docs/workload.md saw them."""
+their own, as the runs in docs/findings/2026-11-26-kernels-from-the-readme.md saw them."""
 from pathlib import Path
 
 from perfloop.core import workload
