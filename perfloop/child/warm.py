@@ -28,7 +28,8 @@ def main(spec_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text())
     contract = import_module(Path(spec["contract_folder"]), "contract")
     device = getattr(contract, "DEVICE", "cuda")
-    modules, launches = {}, {}
+    modules: dict = {}
+    launches: dict = {}
     for v in spec["variants"]:
         try:
             if v["folder"] not in modules:

@@ -141,7 +141,7 @@ def _every(args) -> dict:
 def fleet_row(r: dict) -> dict:
     """A kernel's line in the summary of every kernel, from its report."""
     env = r["environment"] or {}
-    head = next((sh for sh in r["shapes"] if sh["headline"]), {})
+    head: dict = next((sh for sh in r["shapes"] if sh["headline"]), {})
     workload = r.get("workload") or {}
     where = sorted({w.get("gpu") or "cpu" for w in r.get("fleet_where", [])})
     return {"kernel": r["kernel"], "branch": r["branch"], "archived": r["archived"],

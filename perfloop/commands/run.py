@@ -138,7 +138,8 @@ def _results(s, args) -> str:
 def _execute(s, args, say: str | None = ""):
     """The run of one kernel; each experiment's line printed as it comes, after `say` (a
     fleet's lane: its kernel's name), or not at all (None)."""
-    lines, profiles = [], []
+    lines: list = []
+    profiles: list = []
 
     def report(record):
         e = views.experiment(record)

@@ -24,7 +24,7 @@ import os
 import time
 import warnings
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from perfloop.core.atomic import write_json
 from perfloop.core.errors import UserError
@@ -106,7 +106,7 @@ class DiskCache:
         digest = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()
         return self.directory / f"{ident['kernel']}-{digest[:32]}.json"
 
-    def get(self, ident: dict) -> dict | None:
+    def get(self, ident: dict) -> Any:   # the winner (Autotuner's a config; tuneonce's a name)
         path = self.path(ident)
         try:
             entry = json.loads(path.read_text())
@@ -116,7 +116,7 @@ class DiskCache:
             return None
         return entry["config"] if entry["config"] in ident["space"] else None
 
-    def put(self, ident: dict, config: dict, detail: dict) -> None:
+    def put(self, ident: dict, config: Any, detail: dict) -> None:
         """Keep the winner on disk; where the directory cannot be written (a confined child,
         a read-only home) it is said, and the winner holds only where the caller keeps it."""
         try:
@@ -158,8 +158,8 @@ class Autotuner:
         self._identify = identify or (lambda key: identity(name, source, key, self.space))
         self._kernels: dict = {}
         self.searches = 0        # searches this tuner ran (the tests count them)
-        self.last_search_s = None
-        self.last_config = None
+        self.last_search_s: float | None = None
+        self.last_config: dict | None = None
 
     def kernel_for(self, config: dict):
         """replace_hints once per distinct set of hints."""
@@ -197,7 +197,9 @@ class Autotuner:
             return found
         search = self._search
         if search is None:
-            from cuda.tile.tune import exhaustive_search as search
+            from cuda.tile import tune
+
+            search = tune.exhaustive_search
         t0 = time.monotonic()
         result = search(list(self.space), stream, grid_fn, self.kernel, args_fn, hints_of,
                         quiet=True)

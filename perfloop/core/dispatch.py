@@ -168,7 +168,8 @@ def _finalists(knobs: dict, bucket: str, places: list[str], declared: dict) -> l
     """The measured buckets whose knobs differ from each other's, nearest to `bucket` first
     (at most tuneonce.MAX_MEASURED), then the declared finalists that differ from them, at
     most tuneonce.MAX_FINALISTS in all."""
-    out, seen = [], []
+    out: list = []
+    seen: list = []
     nearest = sorted(places, key=lambda p: workload.distance(bucket, p))
     for name in nearest + list(declared):
         if len(out) == tuneonce.MAX_MEASURED and name not in declared:

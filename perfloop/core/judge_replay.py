@@ -169,7 +169,8 @@ def case_file(expected: dict, order: list, cap: int = CAP_BYTES) -> tuple[bytes,
     variants = (judging.REQUEST or {}).get("variants", ())
     share = cap // max(1, len(variants))
     used: dict = {}
-    cases, skipped = [], {}
+    cases: list = []
+    skipped: dict = {}
     for key in order:
         if key not in CASES or key not in expected:
             continue

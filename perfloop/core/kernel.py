@@ -40,6 +40,7 @@ import os
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from perfloop.core import plainfile
 from perfloop.core.errors import UserError
@@ -99,7 +100,7 @@ class KernelSpec:
     manifest_text: str = ""
     tags: tuple = ()                                # e.g. ("reduction",): the playbook ranks by them
     held_back: tuple = ()                           # [[held_back]], or derived without a workload
-    workload: object = None                         # perfloop.core.workload.Workload
+    workload: Any = None                            # perfloop.core.workload.Workload
     held_back_derived: bool = False                 # no [[held_back]]: one per benchmark shape
     rules: dict = field(default_factory=dict)       # [rules]: settings over rules.toml's
     plain: dict | None = None                       # [plain]: the naive start (run --from plain)

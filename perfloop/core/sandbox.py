@@ -77,7 +77,7 @@ def _writes(version: int) -> int:
     return out
 
 
-def confine(write: list[str], read: list[str] | None = None, devices: list[str] = ()) -> str:
+def confine(write: list[str], read: list[str] | None = None, devices: list[str] | tuple[str, ...] = ()) -> str:
     """Restrict this process (see the module's text); returns what was done, in a few words.
     `devices`: files (and folders of files) that may be opened for writing, but nothing made,
     removed or truncated there; with them, files in SHARED_MEMORY may be opened for writing

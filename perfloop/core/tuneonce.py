@@ -101,17 +101,20 @@ def choose(bucket: str, finalists: dict[str, Callable], inputs, out, extra: tupl
     if found is not None:
         return found, "tuned once before (disk cache)"
     timed = _timer(inputs)
-    ms, failed, passing = {}, {}, False
+    ms: dict[str, float] = {}
+    failed: dict[str, str] = {}
+    passing = False
     for name, launch in finalists.items():
         try:
             launch(inputs, out, *extra)  # its first call may compile
-            ms[name] = timed(lambda launch=launch: launch(inputs, out, *extra))
+            # (the ignore: mypy cannot infer a lambda whose argument has a default)
+            ms[name] = timed(lambda launch=launch: launch(inputs, out, *extra))  # type: ignore[misc]
         except Exception as exc:  # one finalist that cannot run these inputs is no winner
             if not ms and len(failed) == len(finalists) - 1:
                 raise               # nor is any: the caller sees the last one's error
             failed[name] = f"{type(exc).__name__}: {str(exc).strip()[:120]}"
             passing = passing or _may_pass(exc)
-    best = min(ms, key=ms.get)
+    best = min(ms, key=ms.__getitem__)
     if not passing:   # memory another process holds may be free next time: then not cached
         cache.put(ident, best, {"median_ms": ms, "failed": failed})
     said = ", ".join([f"{k} {v:.4g} ms" for k, v in ms.items()]

@@ -32,9 +32,9 @@ def pairwise(domains: dict[str, list], allowed: Callable[[dict], bool] | None = 
     names = list(domains)
     sizes = [len(domains[n]) for n in names]
     if len(names) < 2:
-        rows = [{names[0]: v} for v in domains[names[0]]] if names else [{}]
-        kept = [r for r in rows[1:] if allowed is None or allowed(r)]
-        return rows[:1] + kept, len(rows) - 1 - len(kept)
+        each = [{names[0]: v} for v in domains[names[0]]] if names else [{}]
+        kept = [r for r in each[1:] if allowed is None or allowed(r)]
+        return each[:1] + kept, len(each) - 1 - len(kept)
 
     def knobs(row: list[int]) -> dict:
         return {names[k]: domains[names[k]][v] for k, v in enumerate(row)}

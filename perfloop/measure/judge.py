@@ -127,7 +127,9 @@ def shared_cache(cache: Path | None, folders) -> Path | None:
     codes = {code_digest(Path(f)) if f else None for f in folders}
     if cache is None or len(codes) != 1 or None in codes:
         return None
-    return Path(cache) / codes.pop()
+    code = codes.pop()
+    assert code is not None   # (refused above)
+    return Path(cache) / code
 
 
 def _start_kernel_pass(tree: Pinned, root: Path, work: Path, env: dict,
@@ -304,7 +306,7 @@ class _Passes:
 
 def judge(tree: Pinned, variants: list[dict], *, root: Path, work: Path, deadline: float,
           stall_s: float, env: dict, processes: int = 1, share_cases: bool = False,
-          replay_only: list[dict] = (), pool: JudgePool | None = None,
+          replay_only: list[dict] | tuple[dict, ...] = (), pool: JudgePool | None = None,
           confinement: Confinement = Confinement(), cache: Path | None = None) -> JudgeResult:
     """Judge the variants: kernel passes side by side (see split) and one reference pass, which
     gives the verdict. `tree`: the run's pinned tree (the judge, its configuration and the
@@ -365,11 +367,11 @@ def _run_passes(tree: Pinned, pending: list, out: JudgeResult, *, count: int,
 
 def _absorb(runs: list, passes: _Passes, out: JudgeResult, deadline: float) -> list:
     """Take in one round of kernel passes; return the jobs to run again."""
-    cut = {}  # the shards of one variant cut one collection
+    cut: dict[str, set] = {}  # the shards of one variant cut one collection
     for (group, shard, _), (_, _, audit, _) in runs:
         if shard:
             cut.setdefault(group[0]["label"], set()).add(audit.get("collected"))
-    redo = {}
+    redo: dict = {}
     for (group, shard, _), (res, entries, audit, folder) in runs:
         out.imports |= set(audit.get("imports", ()))
         why = _incomplete(res, audit)

@@ -103,6 +103,7 @@ def _judge(plan: Plan, place: Place, out: Measured, timer, warmers: list, pool) 
 
 
 def _time(plan: Plan, place: Place, out: Measured, timer, labels: list[str]) -> None:
+    assert out.judged is not None   # (judged first)
     timing = phases.finish_timing(timer, labels, deadline=plan.deadline,
                                   select=len(labels) > 1, replay=out.judged.replay)
     out.timing = timing

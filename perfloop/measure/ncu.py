@@ -33,7 +33,8 @@ def version(path: str) -> str | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     found = _VERSION.search(out.stdout + out.stderr)
-    return found.group(1) if found else (out.stdout.strip().splitlines() or [None])[-1]
+    lines = out.stdout.strip().splitlines()
+    return found.group(1) if found else (lines[-1] if lines else None)
 
 
 def command(path: str, metrics: list[str], target: list[str], *, log: str,
@@ -76,7 +77,8 @@ def number(text: str) -> float | None:
 def parse(text: str) -> list[dict]:
     """[{id, name, block, grid, metrics: {name: {unit, value, raw}}}] per profiled kernel, in
     the order ncu profiled them."""
-    header, kernels = None, {}
+    kernels: dict = {}
+    header = None
     for row in csv.reader(line for line in text.splitlines() if line.startswith('"')):
         if header is None:
             if row and row[0] == "ID" and "Metric Name" in row:

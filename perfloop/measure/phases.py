@@ -153,7 +153,7 @@ def _launch(pending: Pending, variants: list[dict], go: dict | None,
     still waits."""
     work = pending.work  # (the worker's files: only an ahead worker's spec lies elsewhere)
 
-    def files(tag: str) -> dict:
+    def files(tag: str | None) -> dict:
         return {"out": str(work / f"timing-{tag}.json"),
                 "progress": str(work / f"timing-{tag}-progress.jsonl"),
                 "imports_out": str(work / f"timing-{tag}-imports.json"),
@@ -186,7 +186,7 @@ def _launch(pending: Pending, variants: list[dict], go: dict | None,
 def start_timing(variants: list[dict], shapes: list[dict], rules: Rules, *, contract: Path,
                  tolerance: dict, headline: str, ceilings_cache: Path, work: Path, cwd: Path,
                  env: dict,
-                 only_buckets: list[str] | None = None, always: list[str] = (),
+                 only_buckets: list[str] | None = None, always: list[str] | tuple[str, ...] = (),
                  ahead: tuple | None = None, confinement: Confinement = Confinement(),
                  cache: Path | None = None, held_back_if_gain: bool = False) -> Pending:
     """Start the worker for these variants (the incumbent and its control first; every one of

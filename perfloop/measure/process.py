@@ -120,7 +120,7 @@ class ChildResult:
 
 
 def _progress_mark(paths: list[Path]) -> tuple:
-    marks = []
+    marks: list[tuple[int, int] | None] = []
     for path in paths:
         try:
             st = path.stat()
@@ -201,13 +201,13 @@ class Running:
 
 
 def start(cmd: list[str], *, log: Path, env: dict | None = None, cwd: Path | None = None,
-          progress: list[Path] = ()) -> Running:
+          progress: list[Path] | tuple[Path, ...] = ()) -> Running:
     return Running(cmd, log=log, env=env, cwd=cwd, progress=list(progress))
 
 
 def run(cmd: list[str], *, timeout_s: float, log: Path, env: dict | None = None,
         cwd: Path | None = None, stall_s: float | None = None,
-        progress: list[Path] = (), cancel: threading.Event | None = None,
+        progress: list[Path] | tuple[Path, ...] = (), cancel: threading.Event | None = None,
         on_progress: Callable[[], None] | None = None) -> ChildResult:
     return start(cmd, log=log, env=env, cwd=cwd, progress=progress).wait(
         deadline=time.monotonic() + max(timeout_s, 0.001), stall_s=stall_s, cancel=cancel,

@@ -6,9 +6,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from perfloop.core.vocab import Kind
+
+if TYPE_CHECKING:   # (for the annotations only: this module stays plain data)
+    from perfloop.core.playbook import Rules
+    from perfloop.core.sandbox import Confinement
+    from perfloop.measure.phases import Timing
+    from perfloop.store.pinned import Pinned
 
 
 @dataclass(frozen=True)
@@ -17,9 +23,9 @@ class Place:
 
     root: Path                  # the folder whose sources children compile as the bootstrap does
     work: Path                  # this experiment's own folder: the children's files
-    pinned: object              # the run's pinned tree (perfloop.store.pinned.Pinned)
+    pinned: Pinned              # the run's pinned tree (perfloop.store.pinned.Pinned)
     env: dict                   # the children's environment (perfloop.measure.phases.child_env)
-    confinement: object         # how children that run kernel code are confined (core.sandbox)
+    confinement: Confinement    # how children that run kernel code are confined (core.sandbox)
     cache: Path                 # the compile caches, one per code
     ceilings_cache: Path        # the device's measured ceilings
     # of the files a child imported, those no experiment pins (a verdict reached beside them
@@ -41,7 +47,7 @@ class Plan:
     shapes: list                # the timed shapes (perfloop.core.workload.timed)
     choosing: str               # where the fastest candidate is chosen
     tolerance: dict
-    rules: object               # the run's rules (perfloop.core.playbook.Rules)
+    rules: Rules                # the run's rules (perfloop.core.playbook.Rules)
     requires_gpu: bool
     deadline: float             # monotonic
     only_buckets: list | None = None
@@ -66,8 +72,8 @@ class Measured:
     """What a measurement found, as data."""
 
     outcome: dict = field(default_factory=dict)     # label -> (Outcome, why), judged ones
-    judged: object = None                           # perfloop.measure.judge.JudgeResult
-    timing: object = None                           # perfloop.measure.phases.Timing
+    judged: Any = None                              # perfloop.measure.judge.JudgeResult
+    timing: Timing | None = None                    # perfloop.measure.phases.Timing
     passes: list = field(default_factory=list)      # summaries of the timing's passes
     best: str | None = None                         # the label the decision is about
     judge_passed: bool = False                      # some candidate passed the judge

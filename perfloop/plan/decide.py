@@ -126,7 +126,7 @@ def stop_reason(iteration: int, verdicts: list[Verdict], rules: StopRules, remai
                               "budget" + ("" if next_s is None else " (none on offer fits)"))
     share = rules.roofline_share
     if share and floor_shares and min(floor_shares.values()) >= share:
-        worst = min(floor_shares, key=floor_shares.get)
+        worst = min(floor_shares, key=floor_shares.__getitem__)
         return vocab.Stop(StopReason.ROOFLINE, (
             f"at the roofline: every shape runs at {100 * share:g}% of its physical floor "
             f"or more (least: {worst} at {100 * floor_shares[worst]:.1f}%); nothing "

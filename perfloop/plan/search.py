@@ -409,7 +409,8 @@ def _whole_pairs(keys: list, configs: dict, cap: int) -> list:
 def _spread(keys: list, configs: dict) -> list:
     """`keys` reordered so that each (knob, value) their configs move comes once before any
     comes twice: each next the first in order that moves the most values not yet taken."""
-    left, out, taken = list(keys), [], set()
+    left, out = list(keys), []
+    taken: set = set()
     while left:
         new = [len(set(configs[k].items()) - taken) for k in left]
         if not max(new):
@@ -554,7 +555,7 @@ def benchmark_buckets(recs: list[dict], headline: str) -> list[tuple[str, str]]:
 def bucket_joint_plans(recs: list[dict], knobs: dict, headline: str, margin: float,
                        max_configs: int, interactions: list,
                        worth: Callable[[dict, str], bool] | None = None,
-                       pair_share: float = 2 / 3) -> list[tuple[dict, JointPlan]]:
+                       pair_share: float = 2 / 3) -> list[tuple[list[dict], JointPlan]]:
     """For each bucket not tried since the last kept change: (the dispatch tables to measure,
     each the kept table with one joint patch in that bucket's entry; the plan), planned from
     the one-knob ratios at the bucket's benchmark shape. `worth(table, bucket)`: whether a
@@ -568,7 +569,8 @@ def bucket_joint_plans(recs: list[dict], knobs: dict, headline: str, margin: flo
             return dispatch.merged(current, {bucket: patch})
 
         plan = joint_plan(recs, knobs, headline, margin, max_configs, interactions, at=shape,
-                          worth=worth and (lambda p, b=bucket: worth(table_of(p), b)),
+                          # (the ignore: mypy cannot infer a lambda whose argument has a default)
+                          worth=worth and (lambda p, b=bucket: worth(table_of(p), b)),  # type: ignore[misc]
                           pair_share=pair_share)
         if plan.patches:
             out.append(([table_of(p) for p in plan.patches], plan))

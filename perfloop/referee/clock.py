@@ -31,7 +31,9 @@ def warm_up(clock: Clock, fn, warmup_ms: float, give_up_ms: float | None = None,
     `reset` runs ahead of each run, outside the timed window."""
     before = None if reset is None else (lambda i: reset())
     clock.time_batch(fn, 1, before)  # first launch: compilation, module load
-    spent, recent, clean = 0.0, [], []
+    spent = 0.0
+    recent: list[float] = []
+    clean: list[float] = []
     while spent < warmup_ms or len(recent) < 3:
         sample = clock.time_batch(fn, 1, before)[0]
         spent += max(sample, 1e-3)
@@ -82,7 +84,7 @@ class Rounds:
 
 def alternating(clock: Clock, launchers: dict[str, Callable], settings: Measure,
                 verifier: Verifier | None = None, rng: random.Random | None = None,
-                unverified: set = frozenset(),
+                unverified: set | frozenset = frozenset(),
                 on_batch: Callable[[str], None] = lambda label: None) -> Rounds:
     """Time every variant in each round, in an order that reverses every round, so slow drift
     of clocks or temperature falls on all variants alike. In each batch one repetition, at a
@@ -104,8 +106,9 @@ def alternating(clock: Clock, launchers: dict[str, Callable], settings: Measure,
         host[label] = host_us(launchers[label], 10, reset)
     padded = hasattr(clock, "pad_us")
     if padded:  # warm-up estimates must hold no host time, or a host-heavy launch looks a cliff
-        clock.pad_us = max(pad_for(hs) for hs in host.values())
-    estimates, cliffs = {}, {}
+        setattr(clock, "pad_us", max(pad_for(hs) for hs in host.values()))
+    estimates: dict[str, float] = {}
+    cliffs: dict[str, float] = {}
     cliff = getattr(settings, "cliff_ratio", None)
     for label in list(labels):
         on_batch(label)
@@ -121,10 +124,10 @@ def alternating(clock: Clock, launchers: dict[str, Callable], settings: Measure,
             cliffs[label] = estimates.pop(label) / estimates[labels[0]]
     labels = [label for label in labels if label not in cliffs]
     if padded:
-        clock.pad_us = pad_for([h for label in labels for h in host[label]])
+        setattr(clock, "pad_us", pad_for([h for label in labels for h in host[label]]))
     typical = max(statistics.median(estimates.values()), 1e-4)
     reps = int(min(max(settings.round_ms / typical, settings.min_reps), settings.max_reps))
-    rounds = {label: [] for label in labels}
+    rounds: dict[str, list[list[float]]] = {label: [] for label in labels}
     checked = {label: Checked() for label in labels}
     for r in range(settings.rounds):
         for label in labels if r % 2 == 0 else reversed(labels):

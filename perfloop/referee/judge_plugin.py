@@ -70,7 +70,7 @@ def pytest_sessionfinish(session, exitstatus):
     marks["cases_written"] = time.monotonic()
     asked = _wait_for(Path(request["compare"]))
     marks["asked"] = time.monotonic()
-    verdict = {"request": REQUEST_DIGEST, "reference_failures": FAILED,
+    verdict: dict = {"request": REQUEST_DIGEST, "reference_failures": FAILED,
                "expected": len(judging.ORDER), "labels": {},
                **({"replay": replay} if replay else {})}
     if asked is not None:

@@ -22,6 +22,7 @@ import traceback
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from perfloop.core import childlog, spawn
 from perfloop.core.channel import NO_ANSWER, Channel, Closed
@@ -41,7 +42,8 @@ class Forked:
     """A launcher process forked from the timer: what Launcher needs of a Popen."""
 
     def __init__(self, pid: int, output: childlog.ChildLog | None = None):
-        self.pid, self.returncode, self.output = pid, None, output
+        self.pid, self.output = pid, output
+        self.returncode: int | None = None
 
     def poll(self) -> int | None:
         if self.returncode is None:
@@ -60,9 +62,9 @@ class Forked:
 
     def wait(self, timeout=None) -> int:
         if timeout is not None:   # as Popen.wait: raise rather than block past the timeout
-            if self.poll_for(timeout) is None:
+            if (code := self.poll_for(timeout)) is None:
                 raise subprocess.TimeoutExpired(f"launcher {self.pid}", timeout)
-            return self.returncode
+            return code
         if self.returncode is None:
             _, status = os.waitpid(self.pid, 0)
             self.returncode = os.waitstatus_to_exitcode(status)
@@ -162,7 +164,7 @@ class Launcher:
         os.close(down_r)
         os.close(up_w)
         self.channel = Channel(up_r, down_w)
-        self.events = None
+        self.events: Any = None   # (go, done): interprocess CUDA events, from configure()
         self.running = True
 
     def configure(self, setup: dict) -> None:
@@ -244,7 +246,7 @@ class Launcher:
             self.running = True
 
     def kill(self) -> None:
-        spawn.kill_group(self.proc)
+        spawn.kill_group(self.proc)  # type: ignore[arg-type]  # Forked: pid and wait(), as Popen
         self.log.close()
         if self.proc.output is not None:
             self.proc.output.close()

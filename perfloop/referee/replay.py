@@ -51,7 +51,7 @@ class Case:
         return outputs.compare(got, self.expected, {}, "", fixed=self.tolerance)
 
 
-def _device(kind: str, gpu: bool) -> str:
+def _device(kind: str | None, gpu: bool) -> str:
     if kind == "cuda" and gpu:
         return "cuda"
     if kind == "cpu":

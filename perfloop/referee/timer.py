@@ -67,6 +67,8 @@ SLOT_MEMORY_SHARE = 0.25   # of the GPU memory free when a shape starts
 # launcher keeps doing enters no variant's calibration (a candidate-only one once read 12.3 ms
 # for 0.25 while a stopped group worked in the kernel)
 BRACKET = "bracket"
+# the class's empty maps until _plan_replay sets its own: read-only, so none is shared by writes
+_NONE_YET: dict = MappingProxyType({})  # type: ignore[assignment]  # (never written to)
 # a variant whose batches come out no longer than an empty batch this many times in a shape
 # is failed: no time can be measured for it (a clamp to zero once kept identical code as
 # "100% faster")
@@ -109,9 +111,9 @@ class Progress:
 class Timer:
     held_back_skipped = False   # a pass found no gain at the benchmark's shapes
     # (none until the go: perfloop.referee.replay)
-    replays = MappingProxyType({})       # label -> its judge cases not replayed yet
-    replay_spots = MappingProxyType({})  # label -> the shape index its replay runs before
-    replayed = MappingProxyType({})      # label -> how many of its judge cases were replayed
+    replays: dict[str, list] = _NONE_YET       # label -> its judge cases not replayed yet
+    replay_spots: dict[str, int] = _NONE_YET   # label -> the shape index its replay runs before
+    replayed: dict[str, int] = _NONE_YET       # label -> how many of its judge cases were replayed
 
     def __init__(self, spec: dict):
         self.spec = spec
@@ -301,7 +303,7 @@ class Timer:
             mine = self._turn(label)
             for _, out, _ in buffers:
                 outputs.poison(out, self.rng)
-            if self.gpu:
+            if isinstance(self.clock, GpuClock):   # (self.gpu)
                 batch = self.clock.batch(launcher, len(buffers), copy, 200.0, self.reply_s)
             else:
                 batch = self.clock.batch(launcher, len(buffers), copy)
@@ -423,7 +425,7 @@ class Timer:
         drawn = slots.refill(n, CHECKS_PER_BATCH if check else 0)
         launcher = self.launchers[label]
         copy = lambda: slots.copy(drawn)  # noqa: E731 (read inside the bracket)
-        if self.gpu:
+        if isinstance(self.clock, GpuClock):   # (self.gpu)
             pad = self.pads.setdefault(shape.name, 200.0)
             batch = self.clock.batch(launcher, n, copy, pad, self.reply_s)
             self._after_turn(label, mine)
@@ -476,6 +478,7 @@ class Timer:
     def _simulated(self, label: str, slots: Slots, shape: Shape, n: int) -> float:
         """A test kernel's modelled time (kernel.py's simulated_ms): from its knobs in the
         slot's bucket, never from what its launcher does."""
+        assert self.simulated is not None   # (called only for a kernel that models its time)
         knobs = self.knobs[label]
         bucket = self._bucket(slots.buffers[0][0], shape)
         mine = knobs_for(knobs, bucket) if bucket is not None else knobs
@@ -521,11 +524,12 @@ class Timer:
         whatever else the machine does only ever adds to it."""
         if self.simulated is not None:
             return
-        key, samples, launcher = (shape.name, check), [], self.launchers[BRACKET]
+        samples: list[float] = []
+        key, launcher = (shape.name, check), self.launchers[BRACKET]
         copy = lambda: slots.copy(range(check))  # noqa: E731
         while len(samples) < CALIBRATIONS:
             mine = self._turn(BRACKET)
-            if self.gpu:
+            if isinstance(self.clock, GpuClock):   # (self.gpu)
                 pad = self.pads.setdefault(shape.name, 200.0)
                 batch = self.clock.batch(launcher, 0, copy, pad, self.reply_s)
                 self._after_turn(BRACKET, mine)
@@ -580,7 +584,9 @@ class Timer:
         of one launch. Past give_up ms (two batches agreeing) it stops at once: a cliff is plain
         to see. On a GPU a batch is one launch; on a CPU, min_reps (a lone launch is lost in the
         wall clock's noise)."""
-        spent, recent, clean, batches = 0.0, [], [], 0
+        recent: list[float] = []
+        clean: list[float] = []
+        spent, batches = 0.0, 0
         n = self._warm_n(settings)
         while (spent < settings.warmup_ms and batches < WARM_MAX_BATCHES) or len(recent) < 3:
             # the first batch checked (a wrong kernel goes before its rounds); the others
@@ -660,7 +666,8 @@ class Timer:
         after a fresh warm-up of the incumbent, and dropped only if it stays past it: one slow
         moment of a busy machine, or an incumbent warmed in a lucky one, is no cliff (a busy
         2-core machine once read fast math, 33% faster elsewhere, as 77.8x slower)."""
-        estimates, cliffs = {}, {}
+        estimates: dict[str, float] = {}
+        cliffs: dict[str, float] = {}
         cliff = getattr(settings, "cliff_ratio", None)
         for check in (0, 1):
             self._calibrate(slots, shape, check)
@@ -702,7 +709,7 @@ class Timer:
                    default=0.0)
 
     def _rounds(self, shape, labels, slots, n, settings, checked) -> dict:
-        rounds = {label: [] for label in labels}
+        rounds: dict[str, list] = {label: [] for label in labels}
         first = self.rng.sample(labels, len(labels))   # (no role always goes first)
         for r in range(settings.rounds):
             order = first if r % 2 == 0 else list(reversed(first))
@@ -746,7 +753,8 @@ class Timer:
         with spec "held_back" "if-gain", the held-back ones only where may_gain)."""
         settings = self.settings if cliffs else Measure(**{**vars(self.settings),
                                                            "cliff_ratio": None})
-        shapes, gainless = {}, None
+        shapes: dict[str, dict] = {}
+        gainless = None
         for index, raw in enumerate(self.spec["shapes"]):
             self._replay_due(index, labels)  # (the first pass's: no timed batch holds one)
             shape = Shape.from_dict(raw)
@@ -788,7 +796,8 @@ class Timer:
             best = candidates[0]
         if best is not None and selecting:  # (re-timed at every shape, held-back ones too)
             passes.append(self.time_pass([INCUMBENT, CONTROL, best], seed + 1, cliffs=False))
-        reps = next(iter(passes[-1]["shapes"].values()), {}).get("reps", 0)
+        first_shape: dict = next(iter(passes[-1]["shapes"].values()), {})
+        reps = first_shape.get("reps", 0)
         return {"environment": env, "ceilings": self.ceilings,
                 "failed": {k: v for k, v in self.failed.items() if k in labels},
                 "passes": passes, "best": best, "method": self._method(reps, len(passes))}
@@ -876,7 +885,7 @@ def _fastest(first_pass: dict, candidates: list[str], headline: str, tolerance: 
     """The candidate to carry into the decision: the fastest at the headline among those no
     slower than the incumbent (beyond `tolerance`) at any shape; the fastest at the headline
     when every candidate loses somewhere (the decision then reverts, saying where)."""
-    ratios = {label: {} for label in candidates}
+    ratios: dict[str, dict] = {label: {} for label in candidates}
     for name, shape in first_pass["shapes"].items():
         inc = [statistics.median(r) for r in shape["rounds"][INCUMBENT]]
         for label in candidates:

@@ -207,7 +207,7 @@ def latency_points(recs: list[Experiment], shape: str) -> list[dict]:
     for record in recs:
         chosen = timed(record, shape)
         inc = timed(record, shape, "incumbent")
-        point = {"iteration": record.iteration, "status": record.status,
+        point: dict = {"iteration": record.iteration, "status": record.status,
                  "correctness": record.correctness, "ms": chosen and chosen["median_ms"],
                  "incumbent_ms": inc and inc["median_ms"], "candidates": []}
         timing = record.timing or {}

@@ -24,7 +24,7 @@ def view(summary: dict, labels: dict, held_out: dict, seed: int | None, bar: flo
     for name, shape in summary.items():
         mine = shape["variants"][INCUMBENT]
         timed = {p: shape["variants"][p]["median_ms"] for p in peers if p in shape["variants"]}
-        best = min(timed, key=timed.get) if timed else None
+        best = min(timed, key=timed.__getitem__) if timed else None
         rows.append({
             "shape": name, "held_out": name in held_out,
             "bucket": shape.get("bucket") or held_out.get(name),

@@ -36,6 +36,7 @@ from perfloop.plan.proposal import Proposal
 from perfloop.run import ahead, recorded, screening
 from perfloop.run.finish import finish, knobs_digest
 from perfloop.store import gitops, records, snapshot
+from perfloop.store.pinned import Pinned
 from perfloop.store.session import Session
 
 
@@ -59,7 +60,7 @@ class Trial:
     phase_s: dict = field(default_factory=dict)
     incumbent_dir: Path | None = None
     contract_dir: Path | None = None
-    pinned: object = None                            # the run's pinned tree (store.pinned)
+    pinned: Pinned | None = None                     # the run's pinned tree (store.pinned)
     incumbent_knobs: dict = field(default_factory=dict)
     incumbent_files: dict = field(default_factory=dict)  # its folder as committed (snapshot)
     candidate_files: dict | None = None              # an agent's edit, as committed
@@ -95,12 +96,14 @@ class Trial:
         pinned tree, and the iteration's work folder, where torch.compile and Triton write
         the modules they then import (each child's own cache). Not the kernel folder: what
         runs is the commit, never the working tree."""
+        assert self.pinned is not None   # (pinned before any child runs)
         return [self.work, self.s.copies(self.tag), self.pinned.root]
 
     @property
     def dispatching(self) -> bool:
         """A change of the dispatch table: a dispatch or a bucket joint search."""
-        return self.kind == Kind.PLAYBOOK and self.proposal.optimization.knob == dispatch.KEY
+        return (self.kind == Kind.PLAYBOOK and self.proposal.optimization is not None
+                and self.proposal.optimization.knob == dispatch.KEY)
 
     @property
     def shapes(self) -> list:
@@ -184,11 +187,13 @@ def propose_variants(t: Trial) -> None:
     s, proposal = t.s, t.proposal
     jobs = [(INCUMBENT, t.incumbent_files), (CONTROL, t.incumbent_files)]
     if t.kind == Kind.AGENT:
+        assert t.candidate_files is not None   # (an agent's experiment reads its edit first)
         jobs.append((label_for(0), t.candidate_files))
         values = [None]
     elif t.kind == Kind.PLAYBOOK:
         from perfloop.plan import search
         opt, recs = proposal.optimization, [r.to_dict() for r in s.records()]
+        assert opt is not None   # (a playbook experiment's proposal names its entry)
         # a joint search's patch holds where the headline runs; a catalog entry's everywhere
         bucket = (search.headline_bucket(recs, s.spec.headline.name)
                   if opt.knob == naming.MULTI and not opt.knobs else None)
@@ -206,6 +211,7 @@ def propose_variants(t: Trial) -> None:
     t.incumbent_dir = folders[INCUMBENT]
     t.control = {"label": CONTROL, "folder": folders[CONTROL], "knobs": t.incumbent_knobs}
     if t.kind == Kind.AGENT:
+        assert t.candidate_files is not None
         _require_exported(s, t.candidate_files, folders[label_for(0)])
     candidates = [incumbent] if t.kind == Kind.BASELINE else [
         {"label": label, "folder": folders[label],
@@ -219,6 +225,7 @@ def propose_variants(t: Trial) -> None:
 
 def _require_exported(s: Session, files: dict, folder: Path) -> None:
     """The agent's commit holds, byte for byte, the files its export runs."""
+    assert s.state.in_flight is not None   # (an agent's experiment is always in flight)
     committed = snapshot.from_commit(s.repo, s.state.in_flight["commit"], s.folder_rel)
     if committed != files or snapshot.read_back(folder) != files:
         raise EnvironmentFailure(f"commit {s.state.in_flight['commit'][:12]} does not hold the "
@@ -264,6 +271,7 @@ def judge_and_time(t: Trial) -> None:
     """The judge and the timer (perfloop.measure.measurement), here or on a fleet's worker."""
     s = t.s
     declared = dispatch.declared(getattr(s.spec.workload, "finalists", ()))
+    assert t.control is not None and t.pinned is not None   # (propose_variants, the step)
     same = t.kind != Kind.BASELINE and all(_same_code(c["folder"], t.incumbent_dir)
                                            for c in t.candidates)
     plan = trial.Plan(
@@ -307,6 +315,7 @@ def _check_drift(t: Trial) -> None:
     edit where it is (perfloop.run.finish)."""
     s = t.s
     expected = t.candidate_files if t.kind == Kind.AGENT else t.incumbent_files
+    assert expected is not None and t.control is not None
     live = snapshot.from_worktree(s.repo, s.root, s.folder_rel)
     t.drift = sorted(p for p in set(live) | set(expected) if live.get(p) != expected.get(p))
     changed = [v["label"] for v in t.proposed + [t.variants[0], t.control]
@@ -361,6 +370,7 @@ def weigh_trial(t: Trial) -> decide.Verdict:
     if t.kind == Kind.BASELINE:
         return weigh.baseline(summary, head, rules, t.rules.verify.max_control_gap)
     chosen = t.values.get(t.best) if t.dispatching else None
+    assert t.best is not None   # (a summary is only had with a best)
     return weigh.timed(summary, t.best, head, rules, dispatch_value=chosen,
                        incumbent_knobs=t.incumbent_knobs)
 
@@ -395,9 +405,11 @@ def commit_trial(t: Trial, verdict: decide.Verdict) -> str:
     if t.kind == Kind.BASELINE:
         commit = s.state.incumbent
     elif t.kind == Kind.AGENT:
+        assert s.state.in_flight is not None   # (always, in a step)
         commit = s.state.in_flight["commit"]
     else:
         text = knobs_text(committed_knobs(t, verdict))
+        assert s.state.in_flight is not None   # (always, in a step)
         s.state.in_flight["knobs_sha256"] = knobs_digest(text)
         s.save_state()
         if not t.drift:   # the working tree follows the commit; an edit made meanwhile stays
@@ -415,6 +427,7 @@ def _commit_message(t: Trial, value, dropped: tuple = ()) -> str:
     if t.kind == Kind.AGENT:
         return f"{head}agent edit: {t.proposal.describe}"
     opt = t.proposal.optimization
+    assert opt is not None   # (neither a baseline nor an agent's edit)
     if opt.id == naming.DISPATCH:
         return f"{head}dispatch: {naming.dispatch_kept(t.proposal.describe, dropped)}"
     if opt.id == naming.BUCKET_JOINT:
@@ -425,6 +438,7 @@ def _commit_message(t: Trial, value, dropped: tuple = ()) -> str:
 def _commit(s: Session, message: str, files: dict) -> str:
     """Commit exactly `files` as the kernel folder. Announce the commit in the marker first, so
     recovery can tell it is perfloop's."""
+    assert s.state.in_flight is not None   # (commits are made only in flight)
     s.state.in_flight["message"] = message
     s.save_state()
     sha = gitops.commit_files(s.repo, s.folder_rel, files, message)
@@ -466,7 +480,7 @@ def record_trial(t: Trial, verdict: decide.Verdict, commit: str) -> records.Expe
         "compile_ahead": t.compile_ahead, "started_at": t.started, "finished_at": time.time(),
     }
     if t.kind == Kind.PLAYBOOK and (knob not in (None, naming.MULTI, dispatch.KEY)
-                                    or t.proposal.optimization.knobs):
+                                    or t.proposal.optimization and t.proposal.optimization.knobs):
         line["every_bucket"] = True   # its values ran in every bucket's entry too
     if t.where:   # measured on a fleet: which machines and GPUs, and any worker lost
         line["fleet"] = t.where
@@ -498,6 +512,7 @@ def _timing_detail(t: Trial, summary: dict | None) -> dict | None:
     at some shape), the pass that timed them at the others: what a dispatch is planned from."""
     if summary is None:
         return None
+    assert t.timing is not None   # (a summary is of a timing's pass)
     raw = t.timing.raw
     labels = {label: thaw(x) for label, x in t.values.items()} if t.kind == Kind.PLAYBOOK else {}
     return {"shapes": summary, "selection": t.passes[0] if len(t.passes) > 1 else None,

@@ -46,6 +46,7 @@ def finish(s: Session, record: records.Experiment) -> None:
 def _classify(s: Session, record: records.Experiment) -> None:
     """The class from the headline's work, against the ridge points of the device that timed
     the baseline (fixed bounds where it has none: a CPU clock)."""
+    assert record.timing is not None   # (a timed baseline's)
     shape = record.timing["shapes"][s.spec.headline.name]
     done = traffic.from_record(shape)
     peaks, bandwidth = roofline.roofline(record.timing.get("ceilings"), done.flops)

@@ -133,7 +133,7 @@ def plan_aside(s: Session, old: State | None) -> Aside:
     not from an experiment that was never judged to the end."""
     head = gitops.head(s.repo)
     flight = old and old.in_flight
-    if not flight or not gitops.branch_exists(s.repo, old.branch):
+    if old is None or not flight or not gitops.branch_exists(s.repo, old.branch):
         return Aside(head)
     tip = s.repo.heads[old.branch].commit.hexsha
     ours = tip if tip != old.incumbent and _made_by_perfloop(s, tip, old.incumbent,

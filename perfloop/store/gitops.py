@@ -164,7 +164,7 @@ def listing(paths: list[str], most: int = 5) -> str:
     return ", ".join(paths[:most]) + (" ..." if len(paths) > most else "")
 
 
-def require_clean(repo: git.Repo, excused: list[str] = ()) -> None:
+def require_clean(repo: git.Repo, excused: list[str] | tuple[str, ...] = ()) -> None:
     dirty = [p for p in status_paths(repo) if p not in excused]
     if dirty:
         raise UserError(f"uncommitted changes to tracked files ({listing(dirty)}); commit or "
@@ -286,7 +286,7 @@ def tracked(repo: git.Repo, paths: list[str]) -> set[str]:
 def identity_env(repo: git.Repo) -> dict:
     """Commit even where no user.name/email is configured (CI), without changing config."""
     reader = repo.config_reader()
-    env = {}
+    env: dict = {}
     if not reader.get_value("user", "name", ""):
         env.update(GIT_AUTHOR_NAME="perfloop", GIT_COMMITTER_NAME="perfloop")
     if not reader.get_value("user", "email", ""):

@@ -12,12 +12,16 @@ import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from perfloop.core import childlog, kernel, manifest, naming, plainfile, playbook, settings
 from perfloop.core.atomic import write_json
 from perfloop.core.errors import CorruptRecord, EnvironmentFailure, NeedsGPU, UserError
 from perfloop.core.vocab import Kind, Stop, StopReason
 from perfloop.store import gitops, lock, pinned, pins, preflight, records, snapshot, table
+
+if TYPE_CHECKING:
+    from perfloop.store.records import Confirmation   # (`records` is a method in Session)
 
 STATE_SCHEMA = 3
 # Schema 2 kept a stop as its words alone; it loads unchanged, each stop's reason read from the
@@ -95,8 +99,9 @@ class State:
             if text is not None and not isinstance(text, str):
                 raise ValueError(f"'{name}' is not a string")
         if stopped is not None:
-            stop = Stop(StopReason(reason), stopped, tuple(untried)) \
-                if schema == STATE_SCHEMA else legacy_stop(stopped)
+            # (a reason of None raises ValueError: a corrupt state, as any other unknown one)
+            stop = (Stop(StopReason(reason), stopped, tuple(untried))  # type: ignore[arg-type]
+                    if schema == STATE_SCHEMA else legacy_stop(stopped))
             if not stop.reason.final:  # (a paused run is not stopped: resume would not go on)
                 raise ValueError(f"'stop_reason' {reason} does not end a run")
         elif reason is not None:
@@ -209,8 +214,8 @@ class Session:
         self.ceilings_cache = self.sandboxes / "device_ceilings.json"
         self._state: State | None = None
         self._pinned: dict = {}      # base commit -> its pinned tree, written by this process
-        self.judges = None          # judge processes started ahead (judge.JudgePool)
-        self.timer = None           # a timing worker started ahead (phases.start_timer_ahead)
+        self.judges: Any = None     # judge processes started ahead (judge.JudgePool)
+        self.timer: tuple | None = None        # a timing worker started ahead (phases.start_timer_ahead)
         self.ahead = False          # set by a caller that runs experiments one after another
         self.locked = False         # this process holds the kernel's lock (Session.lock)
         self.fleet = None           # where experiments are measured, if not here (fleet.driver)
@@ -247,7 +252,7 @@ class Session:
         tree_lock = gitops.git_path(self.repo, "perfloop.lock") if git else None
         with lock.hold(kernel_lock, f"kernel '{self.spec.name}'"), \
                 (lock.hold(tree_lock, f"the working tree {self.root} (its branch and index)")
-                 if git else nullcontext()):
+                 if tree_lock is not None else nullcontext()):   # (git)
             self.ensure_sandbox_ignored()  # (the lock's file is in sandbox/ too)
             self.locked = True
             try:
@@ -292,6 +297,7 @@ class Session:
                 raise UserError(f"no run of '{self.spec.name}' yet: start one with "
                                 f"`perfloop init --kernel {self.spec.name}` or `perfloop run`")
             self._adopt(loaded)
+        assert self._state is not None   # (_adopt sets it)
         return self._state
 
     def _adopt(self, state: State) -> None:
@@ -598,7 +604,7 @@ class Session:
             return None
         return data if not of_incumbent or data.get("commit") == self.state.incumbent else None
 
-    def confirmation(self) -> records.Confirmation | None:
+    def confirmation(self) -> Confirmation | None:
         """The confirmation of the current incumbent against the baseline, if there is one."""
         for record in reversed(self.all_records()):
             if isinstance(record, records.Confirmation):
