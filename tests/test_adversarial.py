@@ -136,7 +136,7 @@ def test_kernel_code_imported_from_outside_its_folder_does_not_count(scratch, co
     """Code the experiment's commit would not hold (here a helper in the ignored sandbox/)
     makes the verdict meaningless: where reads are confined (Landlock) kernel code cannot read
     it; where they are not, the imports of both children are checked afterwards."""
-    from perfloop.core import sandbox
+    from perfloop.isolation import sandbox
 
     if confine == "read-write" and not sandbox.abi():
         pytest.skip("this kernel has no Landlock: reads are not confined")

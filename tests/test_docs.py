@@ -18,7 +18,7 @@ README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 RESULTS = sorted((ROOT / "kernels").glob("*/RESULTS.md"))
 PAGES = [README, ROOT / "playbook" / "README.md", *DOCS, *RESULTS]
-LAYERS = ("core", "store", "plan", "run", "measure", "child", "referee", "report", "commands",
+LAYERS = ("core", "isolation", "store", "plan", "run", "measure", "child", "referee", "report", "commands",
           "fleet")
 
 

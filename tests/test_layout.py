@@ -1,6 +1,8 @@
 """The package's layers, checked from its import graph (every import, lazy ones included):
-no circles, at most 10 levels, and the code that runs beside kernel code (perfloop/child/)
-imports nothing from perfloop but itself and perfloop/core/."""
+no circles, at most 10 levels, and who may stand on what: the isolation machinery
+(perfloop/isolation/) and the small core (perfloop/core/) import nothing of perfloop but
+themselves, and the code that runs beside kernel code (perfloop/child/) imports nothing from
+perfloop but itself, core/ and isolation/."""
 
 import ast
 from functools import lru_cache
@@ -71,19 +73,52 @@ def test_at_most_ten_import_levels():
     assert depth(deepest) <= 10, (deepest, depth(deepest))
 
 
-def test_the_child_side_imports_only_itself_and_core():
-    g = graph()
-    for name, deps in g.items():
-        if name.startswith("perfloop.child."):
-            outside = {d for d in deps if not d.startswith(("perfloop.child", "perfloop.core"))}
-            assert not outside, (name, outside)
+# who may stand on what: what each of these layers imports of perfloop besides itself (a
+# module, or a layer and everything in it)
+MAY_IMPORT = {
+    "perfloop.isolation": (),   # starting and confining a child: stands on nothing of perfloop
+    "perfloop.core": (),
+    "perfloop.child": ("perfloop.core", "perfloop.isolation"),
+    # (and child/launcher: the module a launcher it forks runs)
+    "perfloop.referee": ("perfloop.core", "perfloop.isolation", "perfloop.child.launcher"),
+}
+
+
+def _within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def _outside(layer: str) -> dict[str, set[str]]:
+    """{module of `layer`: what it imports that the layer may not}."""
+    allowed = (layer, *MAY_IMPORT[layer])
+    return {name: bad for name, deps in graph().items()
+            if _within(name, layer) and name not in ALIASES
+            and (bad := {d for d in deps if not any(_within(d, a) for a in allowed)})}
+
+
+def test_isolation_imports_nothing_of_perfloop_but_itself():
+    assert not _outside("perfloop.isolation")
 
 
 def test_core_imports_nothing_above_it():
-    g = graph()
-    for name, deps in g.items():
-        if name.startswith("perfloop.core."):
-            assert all(d.startswith("perfloop.core") for d in deps), (name, deps)
+    assert not _outside("perfloop.core")
+
+
+def test_the_child_side_imports_only_itself_core_and_isolation():
+    assert not _outside("perfloop.child")
+
+
+def test_the_referee_imports_no_layer_above_it_and_of_child_only_the_launcher():
+    assert not _outside("perfloop.referee")
+
+
+def test_referee_and_child_are_started_as_processes_never_imported_from_outside():
+    """measure/ starts them by name; only a referee forks a launcher (child/launcher)."""
+    for name, deps in graph().items():
+        if not _within(name, "perfloop.referee"):
+            assert not {d for d in deps if _within(d, "perfloop.referee")}, name
+        if not _within(name, "perfloop.referee") and not _within(name, "perfloop.child"):
+            assert not {d for d in deps if _within(d, "perfloop.child")}, name
 
 
 def test_the_public_import_paths_are_the_modules_themselves():

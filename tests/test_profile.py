@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, Scratch, pythonpath
 
-from perfloop.core import sandbox
+from perfloop.isolation import sandbox
 from perfloop.core.playbook import SHIPPED, Optimization
 from perfloop.measure import ncu
 from perfloop.plan import profile_rank

@@ -18,7 +18,8 @@ import json
 import sys
 from pathlib import Path
 
-from perfloop.core import dispatch, hooks, lifeline
+from perfloop.core import dispatch, hooks
+from perfloop.isolation import lifeline
 from perfloop.core.kernel import Shape, import_module
 from perfloop.core.playbook import freeze
 

@@ -97,7 +97,7 @@ class DiskCache:
     """One JSON file per winner, named by a hash of its identity."""
 
     def __init__(self, directory: Path | None = None):
-        # XDG_CACHE_HOME: a confined child may write only its own cache (perfloop.core.sandbox)
+        # XDG_CACHE_HOME: a confined child may write only its own cache (perfloop.isolation.sandbox)
         self.directory = Path(directory or os.environ.get("PERFLOOP_AUTOTUNE_CACHE")
                               or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
                               / "perfloop" / "autotune")

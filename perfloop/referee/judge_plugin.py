@@ -39,8 +39,8 @@ def pytest_configure(config):
     global REQUEST_DIGEST, READ_AT
     path = config.getoption("--perfloop-reference")
     if path:
-        from perfloop.core.lifeline import guard_parent, wait_for_task
-        from perfloop.core.spawn import set_dumpable
+        from perfloop.isolation.lifeline import guard_parent, wait_for_task
+        from perfloop.isolation.spawn import set_dumpable
 
         guard_parent()
         set_dumpable(False)   # (the kernel passes beside it run kernel code)
@@ -74,7 +74,7 @@ def pytest_sessionfinish(session, exitstatus):
                "expected": len(judging.ORDER), "labels": {},
                **({"replay": replay} if replay else {})}
     if asked is not None:
-        from perfloop.core.imports import imported_files
+        from perfloop.isolation.imports import imported_files
 
         verdict["imports"] = imported_files()
         marks["imports_listed"] = time.monotonic()

@@ -26,25 +26,15 @@ import time
 from pathlib import Path
 from types import MappingProxyType
 
-from perfloop.core import (
-    childlog,
-    envinfo,
-    gpu_ipc,
-    hooks,
-    outputs,
-    roofline,
-    spawn,
-    stats,
-    traffic,
-    workload,
-)
+from perfloop.core import envinfo, hooks, outputs, roofline, stats, traffic, workload
+from perfloop.isolation import childlog, gpu_ipc, spawn
 from perfloop.core.atomic import digest, write_json
 from perfloop.core.dispatch import knobs_for
 from perfloop.core.errors import UserError
 from perfloop.core.kernel import Shape, code_digest, import_module
-from perfloop.core.lifeline import guard_parent, wait_for_task
+from perfloop.isolation.lifeline import guard_parent, wait_for_task
 from perfloop.core.playbook import Measure
-from perfloop.core.sandbox import Confinement, kernel_env, linked_cache
+from perfloop.isolation.sandbox import Confinement, kernel_env, linked_cache
 from perfloop.core.values import freeze
 from perfloop.core.vocab import CONTROL, INCUMBENT, Outcome
 from perfloop.referee import ceilings, replay, scheduling
@@ -172,7 +162,7 @@ class Timer:
 
     # ---- launchers ------------------------------------------------------------------------
     def _launcher_env(self, v: dict, folder: Path) -> dict:
-        """A launcher's environment (perfloop.core.sandbox): it writes only its folder (with
+        """A launcher's environment (perfloop.isolation.sandbox): it writes only its folder (with
         its code's compile cache), and reads only the code it runs (its variant's export; the
         contract for PyTorch's own launches), whatever its role."""
         conf = self.spec.get("confinement") or {}
@@ -927,7 +917,7 @@ def main(spec_path: str) -> int:
     finally:
         timer.close()
         if spec.get("imports_out"):
-            from perfloop.core.imports import imported_files
+            from perfloop.isolation.imports import imported_files
 
             Path(spec["imports_out"]).write_text(json.dumps(imported_files()))
     write_json(Path(spec["out"]), {**result, "spec": digest(raw)})

@@ -13,7 +13,8 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from perfloop.core import childlog, kernel, manifest, naming, plainfile, playbook, settings
+from perfloop.core import kernel, manifest, naming, plainfile, playbook, settings
+from perfloop.isolation import childlog
 from perfloop.core.atomic import write_json
 from perfloop.core.errors import CorruptRecord, EnvironmentFailure, NeedsGPU, UserError
 from perfloop.core.vocab import Kind, Stop, StopReason
@@ -204,7 +205,7 @@ class Session:
         self._files_in(self.sandboxes / self.spec.name)
         self.archived: Path | None = None   # the archived run a reader reads (read_run)
         # each code's compile cache, shared by the processes that run that code (the judge's
-        # kernel passes, the warmers, the timer's launchers): perfloop.core.sandbox.linked_cache
+        # kernel passes, the warmers, the timer's launchers): perfloop.isolation.sandbox.linked_cache
         self.compile_cache = self.sandbox / "cache"
         self.ceilings_cache = self.sandboxes / "device_ceilings.json"
         self._state: State | None = None
@@ -275,9 +276,9 @@ class Session:
 
     # ---- children ------------------------------------------------------------------------
     def confinement(self, *reads):
-        """How this run's children that run kernel code are confined (perfloop.core.sandbox):
+        """How this run's children that run kernel code are confined (perfloop.isolation.sandbox):
         they may read `reads`, by default the run's pinned tree and the exported code."""
-        from perfloop.core.sandbox import confinement_for
+        from perfloop.isolation.sandbox import confinement_for
 
         return confinement_for(self.playbook.rules.confine,
                                *(reads or (self.pinned().root, self.work / COPIES)))
