@@ -172,7 +172,7 @@ def test_a_cap_of_nothing_is_refused_in_one_line(tmp_path):
 
     from conftest import ROOT
 
-    from perfloop.core import playbook
+    from perfloop.contract import playbook
     from perfloop.core.errors import UserError
 
     shutil.copytree(ROOT / "playbook", tmp_path / "playbook")

@@ -1,8 +1,9 @@
 """The package's layers, checked from its import graph (every import, lazy ones included):
 no circles, at most 10 levels, and who may stand on what: the isolation machinery
 (perfloop/isolation/) and the small core (perfloop/core/) import nothing of perfloop but
-themselves, and the code that runs beside kernel code (perfloop/child/) imports nothing from
-perfloop but itself, core/ and isolation/."""
+themselves, the contract kernels and judges import (perfloop/contract/) only core/, and the
+code that runs beside kernel code (perfloop/child/) nothing from perfloop but itself, core/,
+contract/ and isolation/."""
 
 import ast
 from functools import lru_cache
@@ -11,7 +12,10 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "perfloop"
 # public import paths kept for kernels and judges
 ALIASES = {"perfloop.dispatch", "perfloop.autotune", "perfloop.correctness",
-           "perfloop.playbook", "perfloop.kernel_tools"}
+           "perfloop.playbook", "perfloop.kernel_tools",
+           # their old paths in core/, which kernels' scripts were written against
+           "perfloop.core.kernel", "perfloop.core.manifest", "perfloop.core.playbook",
+           "perfloop.core.autotune"}
 
 
 def _name(path: Path) -> str:
@@ -77,10 +81,12 @@ def test_at_most_ten_import_levels():
 # module, or a layer and everything in it)
 MAY_IMPORT = {
     "perfloop.isolation": (),   # starting and confining a child: stands on nothing of perfloop
-    "perfloop.core": (),
-    "perfloop.child": ("perfloop.core", "perfloop.isolation"),
+    "perfloop.core": (),        # vocabulary, errors, atomic writes, naming, stats, ...
+    "perfloop.contract": ("perfloop.core",),   # what kernels and judges import
+    "perfloop.child": ("perfloop.core", "perfloop.contract", "perfloop.isolation"),
     # (and child/launcher: the module a launcher it forks runs)
-    "perfloop.referee": ("perfloop.core", "perfloop.isolation", "perfloop.child.launcher"),
+    "perfloop.referee": ("perfloop.core", "perfloop.contract", "perfloop.isolation",
+                         "perfloop.child.launcher"),
 }
 
 
@@ -104,7 +110,11 @@ def test_core_imports_nothing_above_it():
     assert not _outside("perfloop.core")
 
 
-def test_the_child_side_imports_only_itself_core_and_isolation():
+def test_the_contract_imports_only_core():
+    assert not _outside("perfloop.contract")
+
+
+def test_the_child_side_imports_only_itself_core_contract_and_isolation():
     assert not _outside("perfloop.child")
 
 
@@ -131,12 +141,25 @@ def test_the_public_import_paths_are_the_modules_themselves():
 
 def test_the_kernel_contract_keeps_its_public_path():
     from perfloop import kernel
-    from perfloop.core import kernel as core_kernel
-    from perfloop.core import manifest
+    from perfloop.contract import kernel as contract_kernel
+    from perfloop.contract import manifest
 
     assert kernel.load_spec is manifest.load_spec
-    assert kernel.triton_competitor is core_kernel.triton_competitor
-    assert kernel.Shape is core_kernel.Shape
+    assert kernel.triton_competitor is contract_kernel.triton_competitor
+    assert kernel.Shape is contract_kernel.Shape
+
+
+def test_the_old_core_paths_are_the_contracts_modules():
+    from perfloop.contract import autotune, kernel, manifest, playbook
+    from perfloop.core import autotune as old_autotune
+    from perfloop.core import kernel as old_kernel
+    from perfloop.core import manifest as old_manifest
+    from perfloop.core import playbook as old_playbook
+    from perfloop.core.kernel import import_module, read_knobs  # noqa: F401  (as scripts do)
+
+    assert (old_autotune, old_kernel, old_manifest, old_playbook) == (autotune, kernel,
+                                                                      manifest, playbook)
+    assert old_kernel is kernel and old_playbook is playbook
 
 
 def test_every_layer_is_packaged():

@@ -13,7 +13,7 @@ import pytest
 from conftest import ROOT, Scratch, pythonpath
 
 from perfloop.isolation import sandbox
-from perfloop.core.playbook import SHIPPED, Optimization
+from perfloop.contract.playbook import SHIPPED, Optimization
 from perfloop.measure import ncu
 from perfloop.plan import profile_rank
 from perfloop.plan.decide import Suggestion

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from perfloop.core import judging
+from perfloop.contract import judging
 from perfloop.core.atomic import digest, write_json
 
 REQUEST_DIGEST = ""          # of the request file's bytes as read (atomic.digest)

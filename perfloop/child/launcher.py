@@ -16,9 +16,9 @@ import time
 import traceback
 from pathlib import Path
 
-from perfloop.core import dispatch
+from perfloop.contract import dispatch
 from perfloop.isolation.channel import Channel, Closed
-from perfloop.core.kernel import import_module
+from perfloop.contract.kernel import import_module
 from perfloop.isolation.lifeline import guard_parent
 from perfloop.core.values import freeze
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from perfloop.core import plainfile, progress
 from perfloop.core.atomic import digest, json_bytes, write_bytes
-from perfloop.core.kernel import code_digest
+from perfloop.contract.kernel import code_digest
 from perfloop.isolation.sandbox import Confinement, kernel_env, linked_cache
 from perfloop.measure import process
 from perfloop.measure.phases import nonce, variants_json

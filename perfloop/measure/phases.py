@@ -22,9 +22,9 @@ from pathlib import Path
 from perfloop.core import progress, stats
 from perfloop.core.atomic import digest, json_bytes, write_bytes, write_json
 from perfloop.core.errors import EnvironmentFailure
-from perfloop.core.kernel import code_digest
+from perfloop.contract.kernel import code_digest
 from perfloop.isolation.mounts import filesystem
-from perfloop.core.playbook import Rules, thaw
+from perfloop.contract.playbook import Rules, thaw
 from perfloop.isolation.sandbox import Confinement, kernel_env, linked_cache, passed_environment
 from perfloop.core.vocab import CONTROL, INCUMBENT, Outcome
 from perfloop.measure import process

@@ -38,10 +38,10 @@ class Plan:
     control: dict
     candidates: list            # to judge and time
     finalists: dict             # candidate label -> its declared finalists' variants, judged too
-    shapes: list                # the timed shapes (perfloop.core.workload.timed)
+    shapes: list                # the timed shapes (perfloop.contract.workload.timed)
     choosing: str               # where the fastest candidate is chosen
     tolerance: dict
-    rules: object               # the run's rules (perfloop.core.playbook.Rules)
+    rules: object               # the run's rules (perfloop.contract.playbook.Rules)
     requires_gpu: bool
     deadline: float             # monotonic
     only_buckets: list | None = None

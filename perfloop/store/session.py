@@ -13,7 +13,8 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from perfloop.core import kernel, manifest, naming, plainfile, playbook, settings
+from perfloop.contract import kernel, manifest, playbook, settings
+from perfloop.core import naming, plainfile
 from perfloop.isolation import childlog
 from perfloop.core.atomic import write_json
 from perfloop.core.errors import CorruptRecord, EnvironmentFailure, NeedsGPU, UserError
@@ -62,7 +63,7 @@ class State:
     interrupted: Stop | None = None   # set by Ctrl-C; `run --resume` goes on
     in_flight: dict | None = None
     started_at: float = field(default_factory=time.time)
-    workload_seed: int | None = None  # held-out shapes are drawn with it (perfloop.core.workload)
+    workload_seed: int | None = None  # held-out shapes are drawn with it (perfloop.contract.workload)
     worktree: str = ""        # a fleet's lane: the worktree the run lives in (perfloop.fleet)
     schema: int = STATE_SCHEMA
 
@@ -177,7 +178,7 @@ def sha256_file(path: Path) -> str:
 class Session:
     def __init__(self, kernel_arg: str, playbook_dir: str | None = None,
                  overrides: dict | None = None, sandboxes: Path | None = None):
-        """`overrides`: the command's flags' settings (perfloop.core.settings), over
+        """`overrides`: the command's flags' settings (perfloop.contract.settings), over
         kernel.toml's [rules] and rules.toml; a run in progress keeps its own (retune).
         `sandboxes`: where the runs' files live (default: the repository's sandbox/; a
         fleet's lane, in a worktree of its own, keeps them in the main tree's)."""

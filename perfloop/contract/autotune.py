@@ -59,7 +59,7 @@ def space_for(kernel_class: str, capability: tuple[int, int], spaces: dict | Non
               ) -> list[dict]:
     """The playbook's space for a kernel class (autotune.toml), fitted to the architecture."""
     if spaces is None:
-        from perfloop.core import playbook
+        from perfloop.contract import playbook
         spaces = playbook.load(playbook.resolve_dir(None, None)).autotune
     dims = dict(spaces.get("space", {}).get(kernel_class, {}))
     if not dims:
