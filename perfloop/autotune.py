@@ -1,8 +1,8 @@
 """The public import path `perfloop.autotune` (kernels and judges use it): the same module
-as perfloop.core.autotune."""
+as perfloop.contract.autotune."""
 
 import sys
 
-from perfloop.core import autotune as _module
+from perfloop.contract import autotune as _module
 
 sys.modules[__name__] = _module

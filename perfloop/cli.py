@@ -13,7 +13,8 @@ from pathlib import Path
 from perfloop import __version__
 from perfloop.commands import bench, check, init, profile, report, run, status, step
 from perfloop.commands import next as next_command
-from perfloop.core import progress, spawn
+from perfloop.core import progress
+from perfloop.isolation import spawn
 from perfloop.core.atomic import dumps
 from perfloop.core.errors import Terminated, UserError
 from perfloop.measure import process

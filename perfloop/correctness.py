@@ -1,8 +1,8 @@
 """The public import path `perfloop.correctness` (kernels and judges use it): the same module
-as perfloop.core.judge_api."""
+as perfloop.contract.judge_api."""
 
 import sys
 
-from perfloop.core import judge_api as _module
+from perfloop.contract import judge_api as _module
 
 sys.modules[__name__] = _module

@@ -1,8 +1,8 @@
 """The public import path `perfloop.dispatch` (kernels and judges use it): the same module
-as perfloop.core.dispatch."""
+as perfloop.contract.dispatch."""
 
 import sys
 
-from perfloop.core import dispatch as _module
+from perfloop.contract import dispatch as _module
 
 sys.modules[__name__] = _module

@@ -1,8 +1,8 @@
 """The public import path `perfloop.kernel_tools` (kernels use it): the same module as
-perfloop.core.kernel_tools."""
+perfloop.contract.kernel_tools."""
 
 import sys
 
-from perfloop.core import kernel_tools as _module
+from perfloop.contract import kernel_tools as _module
 
 sys.modules[__name__] = _module

@@ -1,8 +1,8 @@
 """The public import path `perfloop.playbook` (kernels and judges use it): the same module
-as perfloop.core.playbook."""
+as perfloop.contract.playbook."""
 
 import sys
 
-from perfloop.core import playbook as _module
+from perfloop.contract import playbook as _module
 
 sys.modules[__name__] = _module

@@ -94,7 +94,7 @@ def matmul():
     """The shipped matmul kernel.py, imported on the CPU (needs cuda.tile, not a GPU): its
     tolerance, inputs and launch plan are plain Python."""
     pytest.importorskip("cuda.tile")
-    from perfloop.core.kernel import import_module
+    from perfloop.contract.kernel import import_module
 
     return import_module(ROOT / "kernels" / "matmul", "matmul_cpu")
 

@@ -92,7 +92,7 @@ def test_a_module_planted_where_the_judge_imports_from_is_refused(scratch, plant
     before = _started(scratch)
     path = scratch.path / planted
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("import perfloop.core.judge_api as c\nc.log_case = lambda *a, **k: None\n")
+    path.write_text("import perfloop.contract.judge_api as c\nc.log_case = lambda *a, **k: None\n")
     _set_mode(scratch, "wrong")
     code, out, _ = scratch.cli("step", "--kernel", "scripted", "--describe", "wrong, planted")
     assert code == 2 and planted in out["error"] and "could be imported by the judge" in out["error"]
@@ -112,7 +112,7 @@ def test_bytecode_planted_beside_the_judge_is_never_loaded(scratch):
     from _pytest.assertion.rewrite import PYC_TAIL
 
     fake = scratch.path / "fake_judge.py"
-    source = ("from perfloop.core.judge_api import log_case, requested_variants\n"
+    source = ("from perfloop.contract.judge_api import log_case, requested_variants\n"
               "def test_doubles():\n"
               "    for v in requested_variants():\n"
               "        log_case(v['label'], 'n=1', True)\n")
@@ -136,7 +136,7 @@ def test_kernel_code_imported_from_outside_its_folder_does_not_count(scratch, co
     """Code the experiment's commit would not hold (here a helper in the ignored sandbox/)
     makes the verdict meaningless: where reads are confined (Landlock) kernel code cannot read
     it; where they are not, the imports of both children are checked afterwards."""
-    from perfloop.core import sandbox
+    from perfloop.isolation import sandbox
 
     if confine == "read-write" and not sandbox.abi():
         pytest.skip("this kernel has no Landlock: reads are not confined")

@@ -72,9 +72,9 @@ def _covering(folder: Path) -> list[dict]:
     """The committed knobs, the combinations in which every value the playbook (and
     kernel.toml's [candidates]) can give every knob occurs at least once, restrict() allowing
     (perfloop check's --sample 0), and COMBOS, each over the committed knobs."""
-    from perfloop.core import knobspace, playbook, variants
-    from perfloop.core.kernel import read_knobs
-    from perfloop.core.playbook import freeze, read_toml
+    from perfloop.contract import knobspace, playbook, variants
+    from perfloop.contract.kernel import read_knobs
+    from perfloop.contract.playbook import freeze, read_toml
 
     committed = read_knobs(folder / "knobs.json")
     declared = read_toml(folder / "kernel.toml", "kernel manifest").get("candidates", {})
@@ -238,8 +238,8 @@ def test_competitors_match_the_reference_within_twice_pytorch(case):
 @pytest.fixture()
 def emulated(monkeypatch):
     """kernel.py imported afresh with its blocks run on the CPU by tile_emulator."""
-    from perfloop.core import kernel_tools
-    from perfloop.core.kernel import import_module
+    from perfloop.contract import kernel_tools
+    from perfloop.contract.kernel import import_module
     from support.tile_emulator import Emulator
 
     module = import_module(FOLDER, "attention_emulated")
@@ -300,7 +300,7 @@ def test_the_emulated_launches_split_and_combine(emulated):
 
 
 def test_the_launch_plan():
-    from perfloop.core.kernel import import_module
+    from perfloop.contract.kernel import import_module
 
     kernel = import_module(FOLDER, "attention_plan")
     knobs = _committed()
@@ -321,7 +321,7 @@ def test_the_launch_plan():
 
 
 def test_the_reference_aligns_causal_to_the_end_as_sdpa_lower_right():
-    from perfloop.core.kernel import import_module
+    from perfloop.contract.kernel import import_module
 
     kernel = import_module(FOLDER, "attention_reference")
     g = torch.Generator().manual_seed(1)
@@ -341,7 +341,7 @@ def test_the_reference_aligns_causal_to_the_end_as_sdpa_lower_right():
 
 
 def test_the_sdpa_competitors_take_gqa_and_lower_right_causal_on_the_cpu():
-    from perfloop.core.kernel import import_module
+    from perfloop.contract.kernel import import_module
 
     kernel = import_module(FOLDER, "attention_rivals")
     rivals = kernel.sdpa_backends()
@@ -355,7 +355,7 @@ def test_the_sdpa_competitors_take_gqa_and_lower_right_causal_on_the_cpu():
 def test_pairs_traffic_and_tolerance():
     from types import SimpleNamespace
 
-    from perfloop.core.kernel import import_module
+    from perfloop.contract.kernel import import_module
 
     kernel = import_module(FOLDER, "attention_traffic")
     assert kernel.pairs(4096, 4096, False) == 4096 ** 2
@@ -380,7 +380,7 @@ def test_pairs_traffic_and_tolerance():
 
 
 def test_buckets_restrict_and_canonical():
-    from perfloop.core.kernel import import_module
+    from perfloop.contract.kernel import import_module
 
     kernel = import_module(FOLDER, "attention_buckets")
     q = torch.empty(2, 8, 1000, 128, dtype=torch.bfloat16)
@@ -404,7 +404,7 @@ def test_buckets_restrict_and_canonical():
 
 
 def test_the_public_entry_point_refuses_what_it_cannot_run():
-    from perfloop.core.kernel import import_module
+    from perfloop.contract.kernel import import_module
 
     kernel = import_module(FOLDER, "attention_refusals")
     q = torch.empty(1, 4, 8, 128, dtype=torch.bfloat16)

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import pytest
 from conftest import ROOT
 
-from perfloop.core import autotune
-from perfloop.core.autotune import (
+from perfloop.contract import autotune
+from perfloop.contract.autotune import (
     AutotuneError,
     Autotuner,
     DiskCache,
@@ -152,7 +152,7 @@ WRITER = """
 import sys, time, os
 sys.path.insert(0, {root!r})
 import perfloop.core.atomic as atomic
-from perfloop.core.autotune import DiskCache
+from perfloop.contract.autotune import DiskCache
 atomic.os.fsync = lambda fd: (open({marker!r}, "w").close(), time.sleep(60))
 DiskCache({cache!r}).put(json_ident, {{"occupancy": 8}}, {{"pad": "x" * 1000000}})
 """

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from perfloop.referee import clock as measure
-from perfloop.core import autotune, dispatch, stats
-from perfloop.core.kernel import Shape, import_module, read_knobs
-from perfloop.core.playbook import SHIPPED, load
+from perfloop.contract import autotune, dispatch
+from perfloop.core import stats
+from perfloop.contract.kernel import Shape, import_module, read_knobs
+from perfloop.contract.playbook import SHIPPED, load
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.gpu
@@ -61,7 +62,7 @@ def test_second_call_and_second_process_do_not_search(fresh_cache):
     again((a, b), out)
     assert (first.tuner.searches, again.tuner.searches) == (1, 0)
     script = (f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
-              "from perfloop.core.kernel import import_module, read_knobs, Shape\n"
+              "from perfloop.contract.kernel import import_module, read_knobs, Shape\n"
               f"m = import_module(__import__('pathlib').Path({str(FOLDER)!r}), 'second')\n"
               "from perfloop.dispatch import knobs_for\n"
               "k = {**knobs_for(read_knobs(m.KNOBS), ''), 'autotune': True}\n"

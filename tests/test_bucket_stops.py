@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from perfloop.core.playbook import SHIPPED, load
+from perfloop.contract.playbook import SHIPPED, load
 from perfloop.core.vocab import StopReason
 from perfloop.plan import bucket_stops, decide
 

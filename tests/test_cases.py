@@ -7,8 +7,8 @@ import json
 import pytest
 
 from perfloop.core.errors import UserError
-from perfloop.core.kernel import Shape
-from perfloop.core.manifest import load_spec
+from perfloop.contract.kernel import Shape
+from perfloop.contract.manifest import load_spec
 
 CASES = """
 [[shapes]]

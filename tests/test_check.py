@@ -6,7 +6,7 @@ import shutil
 import pytest
 from conftest import ROOT, git
 
-from perfloop.core import variants
+from perfloop.contract import variants
 
 pytest.importorskip("cuda.tile")
 
@@ -148,7 +148,7 @@ def test_check_sample_compiles_a_subset_and_says_what_it_covers(tmp_path):
 
 
 def test_domains_hold_every_candidate_the_playbook_can_set():
-    from perfloop.core.playbook import SHIPPED, load
+    from perfloop.contract.playbook import SHIPPED, load
 
     doms = variants.domains(load(SHIPPED), {"occupancy": None, "tile": (1, 1024), "x": 1},
                             {"tile": ((1, 64),)})
@@ -157,7 +157,7 @@ def test_domains_hold_every_candidate_the_playbook_can_set():
     # an entry that moves several knobs together gives each of them its values
     import dataclasses
 
-    from perfloop.core.playbook import MULTI, Optimization
+    from perfloop.contract.playbook import MULTI, Optimization
 
     pb = load(SHIPPED)
     both = Optimization("tile_occ", "t", "tile", MULTI,

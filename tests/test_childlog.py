@@ -1,4 +1,4 @@
-"""A child's output reaches its log capped (perfloop.core.childlog): the first and the last
+"""A child's output reaches its log capped (perfloop.isolation.childlog): the first and the last
 halves of the cap kept, the bytes between counted and dropped and the log saying so; a child
 that prints a lot is never stalled by it, a quiet one never notices, and the parent never waits
 on a child's output."""
@@ -12,7 +12,7 @@ import threading
 import pytest
 from conftest import HANG_S, eventually
 
-from perfloop.core import childlog
+from perfloop.isolation import childlog
 
 CAP = 64 * 1024
 
@@ -172,7 +172,7 @@ def test_a_cap_of_nothing_is_refused_in_one_line(tmp_path):
 
     from conftest import ROOT
 
-    from perfloop.core import playbook
+    from perfloop.contract import playbook
     from perfloop.core.errors import UserError
 
     shutil.copytree(ROOT / "playbook", tmp_path / "playbook")

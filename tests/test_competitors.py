@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from perfloop.core.judge_api import check, module_for, tolerance
+from perfloop.contract.judge_api import check, module_for, tolerance
 
 torch = pytest.importorskip("torch")
 
@@ -67,7 +67,7 @@ def test_triton_competitor_matches_float64_reference(kernel, dtype, dims, seed):
 
 def test_competitors_are_empty_without_triton(monkeypatch):
     """Without Triton a kernel offers no competitor, rather than failing bench on an import."""
-    from perfloop.core import kernel
+    from perfloop.contract import kernel
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",

@@ -4,7 +4,7 @@ from dataclasses import replace
 
 import pytest
 
-from perfloop.core.playbook import SHIPPED, load
+from perfloop.contract.playbook import SHIPPED, load
 from perfloop.core.stats import Comparison
 from perfloop.core.vocab import StopReason
 from perfloop.plan import decide

@@ -18,7 +18,7 @@ README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 RESULTS = sorted((ROOT / "kernels").glob("*/RESULTS.md"))
 PAGES = [README, ROOT / "playbook" / "README.md", *DOCS, *RESULTS]
-LAYERS = ("core", "store", "plan", "run", "measure", "child", "referee", "report", "commands",
+LAYERS = ("core", "contract", "isolation", "store", "plan", "run", "measure", "child", "referee", "report", "commands",
           "fleet")
 
 
@@ -89,7 +89,7 @@ def test_readme_links_every_page_of_docs():
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_module_path_named_exists(page):
-    """perfloop's files as the docs name them (perfloop/core/outputs.py, or core/outputs.py
+    """perfloop's files as the docs name them (perfloop/contract/outputs.py, or contract/outputs.py
     where the package is understood), so a module that moves cannot leave the docs behind."""
     layer = "|".join(LAYERS)
     named = set(re.findall(rf"(?<![\w/])((?:perfloop/)?(?:{layer})/\w+\.py)", _text(page)))
@@ -127,7 +127,7 @@ def test_a_kernels_results_is_its_current_result(kernel):
 def test_every_shipped_kernel_declares_plain_knobs_its_restrict_allows():
     """`perfloop run --all --from plain` starts every shipped kernel where it started."""
     pytest.importorskip("cuda.tile")
-    from perfloop.core import knobspace, manifest
+    from perfloop.contract import knobspace, manifest
 
     for folder in sorted((ROOT / "kernels").glob("*/kernel.toml")):
         spec = manifest.load_spec(folder.parent, ROOT)

@@ -201,7 +201,7 @@ def test_a_full_disk_is_named_by_its_mount_point_and_device(tmp_path, monkeypatc
     """A machine has many disks: each line about a full one says which (as df does)."""
     import errno
 
-    from perfloop.core import mounts
+    from perfloop.isolation import mounts
     from perfloop.core.errors import EnvironmentFailure
     from perfloop.store import preflight
 
@@ -327,7 +327,7 @@ def test_a_timers_import_list_cut_short_is_the_machines_failure_not_a_crash(tmp_
     with pytest.raises(EnvironmentFailure) as caught:
         phases._finish(pending, phases.Timing(), running, "t1", [], {"labels": []},
                        deadline=0.0, select=False, shown=None)
-    from perfloop.core.mounts import filesystem
+    from perfloop.isolation.mounts import filesystem
 
     assert caught.value.exit_code == 1 and f"is {filesystem(tmp_path)} full?" in str(caught.value)
     assert "\n" not in str(caught.value)

@@ -1,4 +1,4 @@
-"""The optional hooks of a kernel's contract (perfloop.core.hooks) as the trusted timer applies
+"""The optional hooks of a kernel's contract (perfloop.contract.hooks) as the trusted timer applies
 them, on the CPU: every launch on inputs drawn for it (in-place inputs never compound), scratch
 poisoned, writes to undeclared inputs caught, a tolerance per output (perfloop.referee.slots)."""
 
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from perfloop.core import hooks
-from perfloop.core import outputs as verify
-from perfloop.core.kernel import Shape
+from perfloop.contract import hooks
+from perfloop.contract import outputs as verify
+from perfloop.contract.kernel import Shape
 from perfloop.referee.slots import Checked, Slots
 
 torch = pytest.importorskip("torch")
@@ -202,8 +202,8 @@ def test_a_tolerance_hook_that_answers_nonsense_is_refused():
 
 
 def test_a_judge_gets_the_tolerance_hook_from_the_runs_pinned_copy(tmp_path, monkeypatch):
-    from perfloop.core import judge_api as correctness
-    from perfloop.core import judging
+    from perfloop.contract import judge_api as correctness
+    from perfloop.contract import judging
 
     folders = {}
     for name, atol in (("work", 0.5), ("pinned", 1e-9)):   # an experiment loosened "work"
@@ -233,7 +233,7 @@ MATMUL_SHAPES = [((4096, 4096, 4096), "bfloat16"), ((128, 8192, 8192), "bfloat16
 
 
 def test_matmuls_tolerance_grows_with_k_and_the_judge_reads_the_same(matmul):
-    from perfloop.core import judge_api as correctness
+    from perfloop.contract import judge_api as correctness
 
     def at(k, dtype="bfloat16"):
         return matmul.tolerance(Shape("s", (64, 64, k), dtype), 0, dtype)
@@ -327,8 +327,8 @@ def test_memory_is_shared_only_where_views_overlap():
 def test_the_shipped_kernels_declare_no_in_place_input_or_scratch(name):
     """So their timing is what it was: no restore, no extra launch argument."""
     pytest.importorskip("cuda.tile")
-    from perfloop.core.kernel import import_module
-    from perfloop.core.manifest import load_spec
+    from perfloop.contract.kernel import import_module
+    from perfloop.contract.manifest import load_spec
 
     root = Path(__file__).resolve().parent.parent
     module = import_module(root / "kernels" / name, f"shipped_{name}")
@@ -356,7 +356,7 @@ def test_the_timers_poison_is_nan_noise_or_zeros_drawn_each_time():
 
     import torch
 
-    from perfloop.core import outputs
+    from perfloop.contract import outputs
 
     rng, seen = random.Random(5), set()
     for _ in range(30):

@@ -93,7 +93,7 @@ def test_a_case_log_written_over_changes_no_verdict(scratch, tmp_path):
     judge.write_text((scratch.path / "tests" / "judge_scripted.py").read_text() + textwrap.dedent(
         """
         def test_zz_writes_over_the_log():
-            from perfloop.core import judging
+            from perfloop.contract import judging
             if judging.MODE == judging.KERNEL:
                 with open(judging.REQUEST["log"], "a") as f:
                     f.write("not json\\n")
@@ -114,7 +114,7 @@ def test_an_audit_written_over_voids_its_process_and_passes_nothing(scratch, tmp
                          + textwrap.dedent(f"""
             def test_zz_writes_over_the_audit_at_exit():
                 import atexit
-                from perfloop.core import judging
+                from perfloop.contract import judging
                 if judging.MODE == judging.KERNEL:
                     path = judging.REQUEST["imports_out"]
                     atexit.register(lambda: open(path, "w").write({garbage!r}))
@@ -134,7 +134,7 @@ def test_a_kernel_pass_is_not_awaited_past_its_audit(scratch, tmp_path):
     judge.write_text((scratch.path / "tests" / "judge_scripted.py").read_text() + textwrap.dedent(
         """
         import atexit as _atexit, time as _time
-        from perfloop.core import judging as _judging
+        from perfloop.contract import judging as _judging
         if _judging.MODE == _judging.KERNEL:
             _atexit.register(lambda: _time.sleep(60))
         """))
@@ -153,7 +153,7 @@ def test_an_audit_written_before_the_cases_ran_passes_nothing(scratch, tmp_path)
         """
         import hashlib as _hashlib, json as _json, time as _time
         from pathlib import Path as _Path
-        from perfloop.core import judging as _judging
+        from perfloop.contract import judging as _judging
         if _judging.MODE == _judging.KERNEL:
             _raw = _Path(_judging.REQUEST["imports_out"]).parent.joinpath("request.json")
             _Path(_judging.REQUEST["imports_out"]).write_text(_json.dumps({
@@ -181,8 +181,8 @@ def test_shards_that_collect_cases_in_another_order_are_judged_again_whole(scrat
     judge.write_text(textwrap.dedent('''
         import pytest
         import torch
-        from perfloop.core.judge_api import check, module_for, requested_variants
-        from perfloop.core.playbook import freeze
+        from perfloop.contract.judge_api import check, module_for, requested_variants
+        from perfloop.contract.playbook import freeze
 
         SIZES = {"n" + str(i): i for i in range(1, 40)}
 

@@ -1,4 +1,4 @@
-"""The judge's cases recorded in its reference pass (perfloop.core.judge_replay) and read back
+"""The judge's cases recorded in its reference pass (perfloop.contract.judge_replay) and read back
 by the timer (perfloop.referee.replay): what is replayable, what is not, the size cap, and
 where in a timing pass the replays run."""
 
@@ -7,9 +7,9 @@ import io
 import pytest
 import torch
 
-from perfloop.core import judge_api, judge_replay, judging
+from perfloop.contract import judge_api, judge_replay, judging
 from perfloop.core.atomic import digest
-from perfloop.core.playbook import Measure
+from perfloop.contract.playbook import Measure
 from perfloop.referee import replay
 
 EXACT = {"rtol": 0.0, "atol": 0.0, "max_rel_err": 0.0}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from support.timing import time_scripted
 
-from perfloop.core.kernel import code_digest
+from perfloop.contract.kernel import code_digest
 from perfloop.measure import judge as judge_mod
 from perfloop.measure import phases
 from perfloop.run import ahead
@@ -123,7 +123,7 @@ def _marking_judge(scratch) -> Path:
     """The scripted judge, which in a kernel pass also leaves a file in its compile cache."""
     judge = scratch.path / "tests" / "judge_cache_marks.py"
     judge.write_text((scratch.path / "tests" / "judge_scripted.py").read_text() + (
-        "\nimport os as _os\nfrom perfloop.core import judging as _judging\n"
+        "\nimport os as _os\nfrom perfloop.contract import judging as _judging\n"
         "if _judging.MODE == _judging.KERNEL:\n"
         "    _os.makedirs(_os.environ['CUDA_TILE_CACHE_DIR'], exist_ok=True)\n"
         "    open(_os.path.join(_os.environ['CUDA_TILE_CACHE_DIR'], f'judged-{_os.getpid()}'),"

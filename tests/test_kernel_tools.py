@@ -8,11 +8,11 @@ import torch
 from conftest import ROOT
 
 from perfloop import kernel_tools as kt
-from perfloop.core.kernel import import_module
+from perfloop.contract.kernel import import_module
 
 
 def test_the_public_path_is_the_core_module():
-    from perfloop.core import kernel_tools
+    from perfloop.contract import kernel_tools
 
     assert kt is kernel_tools
 

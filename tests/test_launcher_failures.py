@@ -9,7 +9,7 @@ import time
 import pytest
 from conftest import HANG_S, eventually
 
-from perfloop.core.channel import NO_ANSWER
+from perfloop.isolation.channel import NO_ANSWER
 from perfloop.referee import launchers
 
 

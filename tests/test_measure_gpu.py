@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from perfloop.core import envinfo
-from perfloop.core.playbook import SHIPPED, load
+from perfloop.contract.playbook import SHIPPED, load
 from perfloop.core.vocab import CONTROL, INCUMBENT
 from perfloop.measure import phases
 from perfloop.referee import ceilings
@@ -156,7 +156,7 @@ def test_tune_once_chooses_by_device_time_not_by_host_time(tmp_path):
     shapes)."""
     import torch
 
-    from perfloop.core import tuneonce
+    from perfloop.contract import tuneonce
 
     clock = measure.CudaClock()
     x = torch.ones(1 << 16, device="cuda")

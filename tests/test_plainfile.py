@@ -7,7 +7,8 @@ import threading
 import pytest
 from conftest import HANG_S
 
-from perfloop.core import kernel, plainfile, progress
+from perfloop.contract import kernel
+from perfloop.core import plainfile, progress
 from perfloop.core.errors import UserError
 from perfloop.run import experiment
 

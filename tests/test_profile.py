@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, Scratch, pythonpath
 
-from perfloop.core import sandbox
-from perfloop.core.playbook import SHIPPED, Optimization
+from perfloop.isolation import sandbox
+from perfloop.contract.playbook import SHIPPED, Optimization
 from perfloop.measure import ncu
 from perfloop.plan import profile_rank
 from perfloop.plan.decide import Suggestion

@@ -3,8 +3,8 @@ its manifest, workload and finalists load, and its benchmark shapes fall in thre
 their own, as the runs in docs/findings/2026-11-26-kernels-from-the-readme.md saw them."""
 from pathlib import Path
 
-from perfloop.core import workload
-from perfloop.core.manifest import load_spec
+from perfloop.contract import workload
+from perfloop.contract.manifest import load_spec
 
 REPO = Path(__file__).resolve().parent / "readme_rownorm"
 

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("cuda.tile")
 pytest.importorskip("torch")
 
-from perfloop.core.kernel import import_module, read_knobs  # noqa: E402
+from perfloop.contract.kernel import import_module, read_knobs  # noqa: E402
 
 FOLDER = Path(__file__).resolve().parent.parent / "kernels" / "rmsnorm"
 

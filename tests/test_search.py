@@ -13,9 +13,10 @@ import pytest
 from conftest import git
 
 from perfloop.referee import clock as measure
-from perfloop.core import dispatch, knobspace, vocab
+from perfloop.contract import dispatch, knobspace
+from perfloop.core import vocab
 from perfloop.core.errors import UserError
-from perfloop.core.playbook import SHIPPED, DecisionRules, Measure, StopRules, load
+from perfloop.contract.playbook import SHIPPED, DecisionRules, Measure, StopRules, load
 from perfloop.core.stats import Comparison
 from perfloop.core.vocab import Status, StopReason
 from perfloop.measure import judge as judge_mod

@@ -9,9 +9,9 @@ import pytest
 from conftest import SCRIPTED, git
 from test_cli_errors import assert_one_line, human
 
-from perfloop.core import playbook, settings
+from perfloop.contract import playbook, settings
 from perfloop.core.errors import UserError
-from perfloop.core.manifest import load_spec
+from perfloop.contract.manifest import load_spec
 
 RULES = playbook.load(playbook.SHIPPED).rules
 

@@ -29,7 +29,7 @@ def test_noise_of_a_control_is_its_deviation_or_its_halfwidth():
 
 
 def test_floor_uses_the_tensor_peak_so_a_matmul_faster_than_cublas_is_not_broken():
-    from perfloop.core import roofline
+    from perfloop.contract import roofline
 
     env = {"sm": "sm_90", "sm_count": 132, "clock_sm_max": "1980"}
     peak = roofline.peak_tensor_tflops(env)
@@ -44,7 +44,7 @@ def test_floor_uses_the_tensor_peak_so_a_matmul_faster_than_cublas_is_not_broken
 
 
 def test_the_floor_leaves_out_the_writes_the_clock_cannot_see_and_uses_the_faster_bandwidth():
-    from perfloop.core import roofline
+    from perfloop.contract import roofline
 
     base = {"copy_gbps": 3000.0, "bandwidth_gbps": 3150.0, "bf16_tflops": 700.0,
             "peak_tensor_tflops": None}

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from perfloop.core.playbook import SHIPPED, load
+from perfloop.contract.playbook import SHIPPED, load
 from perfloop.core.vocab import Stop, StopReason
 from perfloop.plan import decide
 from perfloop.store.session import LEGACY_STOP_WORDS, State, legacy_stop

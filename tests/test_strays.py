@@ -14,7 +14,7 @@ from conftest import HANG_S, pythonpath
 # ends; the decoy comes to the subreaper; kill_strays runs. Then: is anything of theirs alive?
 SCENE = r"""
 import json, os, signal, sys, time
-from perfloop.core import spawn
+from perfloop.isolation import spawn
 from perfloop.measure import process
 
 spawn.become_subreaper()
@@ -104,7 +104,7 @@ def test_no_program_is_spared_by_its_name(monkeypatch):
     the timing phase) is a stray like any other: only helpers perfloop registered are not."""
     import os
 
-    from perfloop.core import spawn
+    from perfloop.isolation import spawn
     from perfloop.measure import process
 
     me, daemon, helper = os.getpid(), 10 ** 7 + 1, 10 ** 7 + 2

@@ -1,15 +1,15 @@
-"""A kernel's work per execution unit (perfloop.core.traffic): the floor and the class it gives, on
+"""A kernel's work per execution unit (perfloop.contract.traffic): the floor and the class it gives, on
 the CPU, with an H100's published facts standing in for a measured device."""
 
 import pytest
 from conftest import ROOT
 
-from perfloop.core import roofline, traffic
+from perfloop.contract import roofline, traffic
 from perfloop.core.errors import UserError
-from perfloop.core.kernel import SHIPPED, Shape, import_module
-from perfloop.core.manifest import load_spec
-from perfloop.core.playbook import SHIPPED as PLAYBOOK
-from perfloop.core.playbook import Classes, load
+from perfloop.contract.kernel import SHIPPED, Shape, import_module
+from perfloop.contract.manifest import load_spec
+from perfloop.contract.playbook import SHIPPED as PLAYBOOK
+from perfloop.contract.playbook import Classes, load
 from perfloop.plan import decide
 
 H100 = {"sm": "sm_90", "sm_count": 132, "clock_sm_max": "1980"}   # nvidia-smi's max SM clock
@@ -154,7 +154,7 @@ def test_without_device_facts_the_fixed_bounds_of_seed_002_apply():
 
 
 def test_rules_give_the_class_bounds_and_pinned_rules_without_them_get_the_defaults():
-    from perfloop.core.playbook import rules_from_dict
+    from perfloop.contract.playbook import rules_from_dict
 
     book = load(PLAYBOOK)
     assert book.rules.classes == Classes(0.5, 2.0, 10.0, 50.0)

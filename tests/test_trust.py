@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from conftest import Scratch, git, pythonpath
 
-from perfloop.core import sandbox
+from perfloop.isolation import sandbox
 
 LANDLOCK = pytest.mark.skipif(sandbox.abi() < 1, reason="this kernel has no Landlock")
 REAL_CLOCK = {"SCRIPTED_REAL_CLOCK": "1"}   # launches sleep their scripted time; wall clock
@@ -198,7 +198,7 @@ def _confined_attempts(confine: str, attempts: dict, env: dict, cwd) -> str:
     each attempt (name -> an expression that touches a file): "name: done" or "name: refused"
     for each, joined by ";"."""
     tries = ", ".join(f"({name!r}, lambda: {expr})" for name, expr in attempts.items())
-    code = (f"import os\nfrom perfloop.core import sandbox\nprint({confine})\nout = []\n"
+    code = (f"import os\nfrom perfloop.isolation import sandbox\nprint({confine})\nout = []\n"
             f"for what, fn in ({tries},):\n    try:\n        fn()\n"
             f"        out.append(what + ': done')\n    except OSError:\n"
             f"        out.append(what + ': refused')\nprint(';'.join(out))\n")
@@ -257,7 +257,7 @@ def test_a_timer_started_ahead_leaves_cutile_to_its_launchers(tmp_path):
     # launchers are forked: confined, they could not write there
     task = tmp_path / "task.json"
     task.write_text("{}")
-    code = ("import sys; from perfloop.core.lifeline import wait_for_task; "
+    code = ("import sys; from perfloop.isolation.lifeline import wait_for_task; "
             "from perfloop.referee import timer; from pathlib import Path; "
             f"assert wait_for_task(Path({str(task)!r}), timer.PRELOAD); "
             "print('cuda.tile' in sys.modules, 'torch' in sys.modules)")

@@ -1,6 +1,6 @@
 """kernel.toml's [workload]: reading it, the buckets it derives, the held-out shapes drawn from
-it, and how a launch in a bucket no benchmark shape fell in is routed (perfloop.core.workload,
-perfloop.core.dispatch, perfloop.core.tuneonce). All pure or in-process: no GPU, no children."""
+it, and how a launch in a bucket no benchmark shape fell in is routed (perfloop.contract.workload,
+perfloop.contract.dispatch, perfloop.contract.tuneonce). All pure or in-process: no GPU, no children."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import pytest
 import torch
 from conftest import FakeTime
 
-from perfloop.core import dispatch, tuneonce
-from perfloop.core import workload as W
-from perfloop.core.autotune import DiskCache
-from perfloop.core.shape import Shape
+from perfloop.contract import dispatch, tuneonce
+from perfloop.contract import workload as W
+from perfloop.contract.autotune import DiskCache
+from perfloop.contract.shape import Shape
 
 BENCH = (Shape("llama", (16384, 4096), "bfloat16", True), Shape("wide", (2048, 16384), "float16"),
          Shape("tail", (2, 2048, 5000), "float32"))
@@ -309,7 +309,7 @@ def test_a_finalist_that_fails_is_no_winner(tmp_path):
 
 def test_a_declared_finalist_must_name_the_kernels_knobs(tmp_path):
     from perfloop.core.errors import UserError
-    from perfloop.core.manifest import load_spec
+    from perfloop.contract.manifest import load_spec
 
     repo = Path(__file__).resolve().parents[1]
     folder = tmp_path / "rmsnorm"
@@ -344,7 +344,7 @@ def test_a_held_out_shape_is_timed_as_the_measured_bucket_a_launch_routes_it_to(
 
 
 def test_a_derived_held_back_shape_stays_in_its_shapes_power_of_two_class():
-    from perfloop.core.kernel import derived_held_back
+    from perfloop.contract.kernel import derived_held_back
 
     for rows in (9, 64, 100, 256, 1000, 1024, 3000, 16384):
         held = derived_held_back(Shape("s", (rows, 512), "float32")).dims[0]
@@ -371,7 +371,7 @@ def test_a_derived_held_back_shape_stays_in_its_shapes_power_of_two_class():
 def test_every_measured_bucket_has_a_held_back_shape_of_its_own(kernel):
     # with unseen = "tune" a held-back shape routed from an unmeasured bucket runs whichever
     # finalist wins: only one in the bucket is sure to run the bucket's entry
-    from perfloop.core.manifest import load_spec
+    from perfloop.contract.manifest import load_spec
 
     folder = Path(__file__).resolve().parents[1] / "kernels" / kernel
     spec = load_spec(folder, folder.parents[1])
@@ -384,7 +384,7 @@ def test_every_measured_bucket_has_a_held_back_shape_of_its_own(kernel):
 def test_every_measured_bucket_has_a_held_back_shape_whatever_the_workload_draws(kernel, seed):
     # on the H100 rmsnorm's 4 drawn shapes all ran as its bf16 bucket, and a dispatch of a 15%
     # win to the fp16 and fp32 buckets was reverted whole: "no held-back shape was timed"
-    from perfloop.core.manifest import load_spec
+    from perfloop.contract.manifest import load_spec
 
     folder = Path(__file__).resolve().parents[1] / "kernels" / kernel
     spec = load_spec(folder, folder.parents[1])
@@ -399,7 +399,7 @@ def test_a_derived_held_back_shape_is_left_out_where_a_drawn_shape_checks_its_bu
     # each costs an experiment about 2 s of timing on the H100; [[held_back]] is the user's
     import shutil
 
-    from perfloop.core.manifest import load_spec
+    from perfloop.contract.manifest import load_spec
 
     folder = Path(__file__).resolve().parents[1] / "kernels" / "softmax"
     spec = load_spec(folder, folder.parents[1])
@@ -661,7 +661,7 @@ def test_a_tuned_held_out_shape_is_timed_whichever_buckets_entry_changes():
 def test_a_regression_at_a_tuned_shape_reverts_the_whole_dispatch():
     # held:tuned counts in "small" (its nearest) but, tuned, may run big's knobs: dropping
     # "small" and keeping "big" would keep what may have slowed it by 40% (found by a review)
-    from perfloop.core.playbook import SHIPPED, load
+    from perfloop.contract.playbook import SHIPPED, load
     from perfloop.plan import weigh
 
     def shape(bucket, ratio, held, tuned=False):

@@ -38,9 +38,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from perfloop.commands.bench import drawn  # noqa: E402
-from perfloop.core import dispatch  # noqa: E402
-from perfloop.core.kernel import import_module  # noqa: E402
-from perfloop.core.manifest import load_spec  # noqa: E402
+from perfloop.contract import dispatch  # noqa: E402
+from perfloop.contract.kernel import import_module  # noqa: E402
+from perfloop.contract.manifest import load_spec  # noqa: E402
 
 PAD = int(os.environ.get("BAR_PAD_CYCLES", "400000"))
 CLEARS = {"write": ("write",), "read": ("read",), "both": ("write", "read")}.get(

@@ -24,8 +24,8 @@ from triton.testing import do_bench
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent.parent))
 
-from perfloop.core.kernel import import_module, read_knobs  # noqa: E402
-from perfloop.core.playbook import freeze  # noqa: E402
+from perfloop.kernel import import_module, read_knobs  # noqa: E402
+from perfloop.playbook import freeze  # noqa: E402
 
 # (name, dims [B, Hq, Hkv, Sq, Sk, D], causal): the H100 figures were taken at these
 SHAPES = [("d128-s4096", (4, 16, 16, 4096, 4096, 128), False),

@@ -263,7 +263,7 @@ def _constants(knobs: dict, p: dict, d: int, parts: bool) -> tuple:
 
 
 def canonical(knobs: dict) -> dict:
-    """The same knobs with what this kernel ignores set to one value (perfloop.core.knobspace):
+    """The same knobs with what this kernel ignores set to one value (perfloop.contract.knobspace):
     one cluster of one CTA is no hint on sm_90, and one latency for K and V is that pair."""
     out = dict(knobs)
     if out.get("num_ctas") == 1:
@@ -275,7 +275,7 @@ def canonical(knobs: dict) -> dict:
 
 
 def restrict(knobs: dict) -> str | None:
-    """Why these knobs cannot work together (perfloop.core.knobspace), None where they can.
+    """Why these knobs cannot work together (perfloop.contract.knobspace), None where they can.
     From tileiras 13.4's sm_90 cubins (cuobjdump; bf16, D 128; kernel.toml's [candidates])."""
     rows_ = knobs["tile"][0]
     if rows_ >= 256:
@@ -471,7 +471,7 @@ _PYTORCH = {"bfloat16": {"rtol": 4e-3, "atol": 4e-3, "max_rel_err": 1.8e-3},
 
 
 def tolerance(shape, index: int, dtype: str) -> dict | None:
-    """out's tolerance (perfloop.core.hooks): twice PyTorch's own error bound for the dtype
+    """out's tolerance (perfloop.contract.hooks): twice PyTorch's own error bound for the dtype
     (_PYTORCH); None for other dtypes."""
     if dtype not in _PYTORCH:
         return None

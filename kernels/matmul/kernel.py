@@ -213,7 +213,7 @@ MAX_REL = {"bfloat16": 5e-3, "float16": 1e-3}
 
 
 def tolerance(shape, index: int, dtype: str) -> dict | None:
-    """C's tolerance at shape.dims = [M, N, K] (perfloop.core.hooks); None for other dtypes."""
+    """C's tolerance at shape.dims = [M, N, K] (perfloop.contract.hooks); None for other dtypes."""
     if dtype not in RTOL:
         return None
     k = shape.dims[2]

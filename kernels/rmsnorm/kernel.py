@@ -189,7 +189,7 @@ def grid(knobs: dict, m: int, n: int, device) -> tuple[int]:
 
 
 def canonical(knobs: dict) -> dict:
-    """The same knobs with what this kernel ignores set to one value (perfloop.core.knobspace):
+    """The same knobs with what this kernel ignores set to one value (perfloop.contract.knobspace):
     with block_elems set, tile's rows are not used."""
     if knobs["block_elems"]:
         return {**knobs, "tile": (1, knobs["tile"][1])}

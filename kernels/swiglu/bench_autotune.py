@@ -21,9 +21,10 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent.parent))
 
 from perfloop.child import clock  # noqa: E402
-from perfloop.core import autotune, stats  # noqa: E402
-from perfloop.core.kernel import Shape, import_module, load_spec, read_knobs  # noqa: E402
-from perfloop.core.playbook import SHIPPED, load  # noqa: E402
+from perfloop import autotune  # noqa: E402
+from perfloop.core import stats  # noqa: E402
+from perfloop.kernel import Shape, import_module, load_spec, read_knobs  # noqa: E402
+from perfloop.playbook import SHIPPED, load  # noqa: E402
 
 
 def _first_call(module, knobs, inputs, out) -> tuple[float, object]:

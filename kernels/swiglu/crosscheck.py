@@ -25,9 +25,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent.parent))
 
 from perfloop.commands.bench import drawn  # noqa: E402
-from perfloop.core.kernel import import_module  # noqa: E402
-from perfloop.core.manifest import load_spec  # noqa: E402
-from perfloop.core.playbook import freeze  # noqa: E402
+from perfloop.kernel import import_module, load_spec  # noqa: E402
+from perfloop.playbook import freeze  # noqa: E402
 
 
 def _median_us(fn, read_only_clear: bool) -> float:

@@ -5,7 +5,7 @@ Modules whose source lies in the repository (not in the Python environment, even
 it) are compiled from their source, never from a cached .pyc, which anyone can plant with a
 forged timestamp; pytest's cache of rewritten test modules is ignored the same way. MODE is
 "pytest" (the judge) or a module to run as __main__ (a launcher, a warmer, the timer).
-A child that runs kernel code is then confined (perfloop.core.sandbox) before anything else
+A child that runs kernel code is then confined (perfloop.isolation.sandbox) before anything else
 runs: PERFLOOP_CONFINE, set by its parent, names where it may write and read.
 """
 
@@ -32,7 +32,7 @@ class RepositorySource:
             return spec
         return None
 sys.meta_path.insert(0, RepositorySource)
-from perfloop.core import (
+from perfloop.isolation import (
     sandbox,  # (compiled from its source, like every repository file)
 )
 

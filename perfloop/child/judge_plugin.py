@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from perfloop.core import judging
+from perfloop.contract import judging
 from perfloop.core.atomic import digest, write_json
 
 REQUEST_DIGEST = ""          # of the request file's bytes as read (atomic.digest)
@@ -34,7 +34,7 @@ def pytest_configure(config):
     global REQUEST_DIGEST
     path = config.getoption("--perfloop-request")
     if path:
-        from perfloop.core.lifeline import guard_parent, wait_for_task
+        from perfloop.isolation.lifeline import guard_parent, wait_for_task
 
         guard_parent()
         if not Path(path).exists():  # started ahead of its experiment (measure.judge)
@@ -103,7 +103,7 @@ def pytest_sessionfinish(session, exitstatus):
     if request and request.get("shard") and SELECTED == 0 and exitstatus == 5:
         session.exitstatus = 0  # a shard cut to nothing: nothing to judge, nothing failed
     if request and request.get("imports_out"):
-        from perfloop.core.imports import imported_files
+        from perfloop.isolation.imports import imported_files
 
         write_json(Path(request["imports_out"]), {
             "imports": imported_files(), "selected": SELECTED, "finished": FINISHED,

@@ -16,10 +16,10 @@ import time
 import traceback
 from pathlib import Path
 
-from perfloop.core import dispatch
-from perfloop.core.channel import Channel, Closed
-from perfloop.core.kernel import import_module
-from perfloop.core.lifeline import guard_parent
+from perfloop.contract import dispatch
+from perfloop.isolation.channel import Channel, Closed
+from perfloop.contract.kernel import import_module
+from perfloop.isolation.lifeline import guard_parent
 from perfloop.core.values import freeze
 
 
@@ -79,7 +79,7 @@ class Server:
         if self.gpu:
             import torch
 
-            from perfloop.core.gpu_ipc import IpcEvent
+            from perfloop.isolation.gpu_ipc import IpcEvent
 
             torch.zeros(1, device="cuda")  # the context, before the events are opened
             self.stream = torch.cuda.Stream()

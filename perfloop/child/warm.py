@@ -18,9 +18,10 @@ import json
 import sys
 from pathlib import Path
 
-from perfloop.core import dispatch, hooks, lifeline
-from perfloop.core.kernel import Shape, import_module
-from perfloop.core.playbook import freeze
+from perfloop.contract import dispatch, hooks
+from perfloop.isolation import lifeline
+from perfloop.contract.kernel import Shape, import_module
+from perfloop.contract.playbook import freeze
 
 
 def main(spec_path: str) -> int:

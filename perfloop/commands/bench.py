@@ -1,10 +1,10 @@
 import dataclasses
 import time
 
-from perfloop.core import traffic, workload
+from perfloop.contract import traffic, workload
 from perfloop.core.atomic import write_json
 from perfloop.core.errors import UserError
-from perfloop.core.kernel import MODULE, load_module
+from perfloop.contract.kernel import MODULE, load_module
 from perfloop.core.vocab import CONTROL, INCUMBENT
 from perfloop.measure import phases
 from perfloop.report import workload_view

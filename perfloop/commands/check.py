@@ -2,11 +2,12 @@ import argparse
 import math
 import time
 
-from perfloop.core import dispatch, knobspace, naming, progress, traffic, variants
+from perfloop.contract import dispatch, knobspace, traffic, variants
+from perfloop.core import naming, progress
 from perfloop.core.errors import UserError
-from perfloop.core.kernel import MODULE, find_folder, load_module
-from perfloop.core.manifest import load_spec
-from perfloop.core.playbook import load, resolve_dir, thaw
+from perfloop.contract.kernel import MODULE, find_folder, load_module
+from perfloop.contract.manifest import load_spec
+from perfloop.contract.playbook import load, resolve_dir, thaw
 from perfloop.store import gitops
 
 HELP = "compile every variant the playbook can produce, ahead of time, without a GPU"

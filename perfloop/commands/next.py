@@ -1,6 +1,6 @@
 import json
 
-from perfloop.core.playbook import MULTI, thaw
+from perfloop.contract.playbook import MULTI, thaw
 from perfloop.report import views
 from perfloop.run import planning
 from perfloop.store.session import Session

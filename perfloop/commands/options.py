@@ -45,9 +45,9 @@ IN_PROGRESS_HELP = {"time_budget_s": "replace the run's time budget, in seconds 
 
 
 def add_settings(p, at_start: bool = True) -> None:
-    """The flags of perfloop.core.settings (with `at_start` False, only those a run in
+    """The flags of perfloop.contract.settings (with `at_start` False, only those a run in
     progress takes), each into args under its key."""
-    from perfloop.core import settings
+    from perfloop.contract import settings
 
     for s in settings.SETTINGS:
         metavar, text = SETTING_HELP[s.key]
@@ -60,7 +60,7 @@ def add_settings(p, at_start: bool = True) -> None:
 
 def overrides(args) -> dict:
     """{key: value} of the settings' flags given, each checked (one line if out of range)."""
-    from perfloop.core import settings
+    from perfloop.contract import settings
 
     return {s.key: s.check(getattr(args, s.key), s.flag) for s in settings.SETTINGS
             if getattr(args, s.key, None) is not None}

@@ -2,7 +2,8 @@ import sys
 
 from perfloop.commands import options
 from perfloop.commands.options import non_negative, positive
-from perfloop.core import progress, settings
+from perfloop.contract import settings
+from perfloop.core import progress
 from perfloop.core.errors import UserError
 from perfloop.core.vocab import Status, StopReason
 from perfloop.measure import profiling

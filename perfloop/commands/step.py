@@ -1,9 +1,10 @@
 import json
 
 from perfloop.commands import options
-from perfloop.core import dispatch_table, knobspace, naming
+from perfloop.contract import knobspace
+from perfloop.core import dispatch_table, naming
 from perfloop.core.errors import UserError
-from perfloop.core.playbook import freeze, thaw
+from perfloop.contract.playbook import freeze, thaw
 from perfloop.core.vocab import Kind
 from perfloop.plan import decide, search
 from perfloop.plan.planner import searches

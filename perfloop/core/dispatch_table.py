@@ -1,5 +1,5 @@
 """knobs.json's "dispatch" table, {bucket: {knob: value, ...}}: knob values that hold only for
-some buckets of inputs, as plain functions over it (perfloop.core.dispatch builds the launch
+some buckets of inputs, as plain functions over it (perfloop.contract.dispatch builds the launch
 that routes by it; this module needs nothing else, so every layer may read tables). An empty
 entry marks a measured bucket that runs the plain knobs: unmeasured buckets run as the nearest
 bucket in the table."""
@@ -51,7 +51,7 @@ def changed_buckets(before: dict, after: dict) -> list[str]:
 
 def complete(table: dict, measured) -> dict:
     """`table` with an entry, empty where it has none, for every measured bucket: a launch in a
-    bucket not in the table runs as the nearest one in it (perfloop.core.dispatch), so the
+    bucket not in the table runs as the nearest one in it (perfloop.contract.dispatch), so the
     table's buckets must be the measured ones, those that run the plain knobs too. An empty
     table stays empty (every launch runs the plain knobs)."""
     if not table:
@@ -61,7 +61,7 @@ def complete(table: dict, measured) -> dict:
 
 def moves_anywhere(knobs: dict, changed: dict, same=operator.eq) -> bool:
     """Whether `changed` runs other knobs than `knobs` in some bucket of its table (the plain
-    knobs' included), by `same` (a kernel's canonical equality: perfloop.core.knobspace)."""
+    knobs' included), by `same` (a kernel's canonical equality: perfloop.contract.knobspace)."""
     return any(not same(knobs_for(knobs, b), knobs_for(changed, b))
                for b in ("", *table(changed)))
 
@@ -109,5 +109,5 @@ def config(knobs: dict, target: str, finalists: dict) -> dict:
 
 def as_itself(knobs: dict) -> dict:
     """The knobs with an explicitly empty table: a kernel's build that routes (through
-    perfloop.core.dispatch) runs them as they are in every bucket, never tuning again."""
+    perfloop.contract.dispatch) runs them as they are in every bucket, never tuning again."""
     return {**knobs, KEY: {}}

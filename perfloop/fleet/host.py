@@ -15,7 +15,7 @@ from pathlib import Path
 
 from distributed import WorkerPlugin
 
-from perfloop.core import spawn
+from perfloop.isolation import spawn
 from perfloop.measure import process
 
 STOP_POLL_S = 0.5

@@ -10,7 +10,7 @@ import threading
 import time
 from pathlib import Path
 
-from perfloop.core import kernel
+from perfloop.contract import kernel
 from perfloop.core.errors import UserError
 from perfloop.store import gitops, lock
 from perfloop.store.session import Session
@@ -77,7 +77,7 @@ def sessions(names: list[str], root: Path, repo, playbook: str | None, flags: di
 def _require_plain_start(names: list[str], root: Path, repo, new: bool) -> None:
     """Before any worktree is made again: every kernel declares [plain] knobs, and none has a
     run that --new would not set aside."""
-    from perfloop.core import manifest
+    from perfloop.contract import manifest
 
     for name in names:
         folder = kernel.find_folder(name, root)

@@ -14,7 +14,7 @@ import os
 import time
 from pathlib import Path
 
-from perfloop.core.sandbox import Confinement, environment_reads
+from perfloop.isolation.sandbox import Confinement, environment_reads
 from perfloop.fleet import host
 from perfloop.measure import measurement, phases, process
 from perfloop.measure.trial import Measured, Place

@@ -25,8 +25,8 @@ from pathlib import Path
 
 from perfloop.core import plainfile, progress
 from perfloop.core.atomic import digest, json_bytes, write_bytes
-from perfloop.core.kernel import code_digest
-from perfloop.core.sandbox import Confinement, kernel_env, linked_cache
+from perfloop.contract.kernel import code_digest
+from perfloop.isolation.sandbox import Confinement, kernel_env, linked_cache
 from perfloop.measure import process
 from perfloop.measure.phases import nonce, variants_json
 from perfloop.store.pinned import Pinned
@@ -75,7 +75,7 @@ def contract_of(tree: Pinned) -> dict:
 @dataclass
 class JudgePool:
     """Judge processes started ahead of the experiment that will use them: each has started
-    pytest, loaded its plugins and imported perfloop.core.lifeline.PRELOAD, and waits for its
+    pytest, loaded its plugins and imported perfloop.isolation.lifeline.PRELOAD, and waits for its
     request file. `judge` takes them in place of new processes; `discard` kills what is left."""
 
     key: tuple                                       # (judge file, environment, confinement)

@@ -55,7 +55,7 @@ def apply_timing(outcome: dict, timing, kind: Kind) -> None:
 def finalist_variants(candidates: list[dict], finalists: dict,
                       judged_before: dict | None = None) -> dict[str, list[dict]]:
     """The judge's extra variants: per candidate whose launches tune in unmeasured buckets
-    (all but a finalist's own, perfloop.core.dispatch), each finalist kernel.toml declares as a
+    (all but a finalist's own, perfloop.contract.dispatch), each finalist kernel.toml declares as a
     variant of its own ({name: patch}, perfloop.core.dispatch_table.declared). A launch may
     run it wherever it is fastest, and the judge's cases only check each case's winner.
     Left out where it runs the knobs it ran under `judged_before` (the incumbent's, judged

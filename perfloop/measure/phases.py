@@ -22,10 +22,10 @@ from pathlib import Path
 from perfloop.core import progress, stats
 from perfloop.core.atomic import digest, json_bytes, write_bytes, write_json
 from perfloop.core.errors import EnvironmentFailure
-from perfloop.core.kernel import code_digest
-from perfloop.core.mounts import filesystem
-from perfloop.core.playbook import Rules, thaw
-from perfloop.core.sandbox import Confinement, kernel_env, linked_cache, passed_environment
+from perfloop.contract.kernel import code_digest
+from perfloop.isolation.mounts import filesystem
+from perfloop.contract.playbook import Rules, thaw
+from perfloop.isolation.sandbox import Confinement, kernel_env, linked_cache, passed_environment
 from perfloop.core.vocab import CONTROL, INCUMBENT, Outcome
 from perfloop.measure import process
 
@@ -34,7 +34,7 @@ PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])  # the folder holding 
 
 def child_env(playbook_dir: Path, passed: tuple = ()) -> dict:
     """The one environment of every child: of perfloop's own, only what the children need
-    (perfloop.core.sandbox.passed_environment, with the rules' pass_env as `passed`)."""
+    (perfloop.isolation.sandbox.passed_environment, with the rules' pass_env as `passed`)."""
     env = passed_environment(dict(os.environ), passed)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_PARENT, env.get("PYTHONPATH")) if p)
     env["PERFLOOP_PLAYBOOK"] = str(playbook_dir)
@@ -139,7 +139,7 @@ class Pending:
 
 
 def start_timer_ahead(*, cwd: Path, work: Path, env: dict) -> tuple:
-    """A timing worker for the next experiment, started now: it imports perfloop.core.lifeline.PRELOAD and
+    """A timing worker for the next experiment, started now: it imports perfloop.isolation.lifeline.PRELOAD and
     waits for its spec (see start_timing's `ahead`). Returns (spec path, running child)."""
     spec_path = work / f"timing-{nonce()}-spec.json"
     return spec_path, process.start(process.python(cwd, "perfloop.referee.timer", str(spec_path)),

@@ -4,8 +4,8 @@
   `stall_s`) the whole group is killed, and the caller records a crash.
 - If perfloop itself dies, even by SIGKILL, the kernel sends the child SIGTERM (Linux's
   parent-death signal, set here between fork and exec); the child's side of that is
-  perfloop.core.lifeline.
-- Its stdout and stderr reach its log capped (perfloop.core.childlog).
+  perfloop.isolation.lifeline.
+- Its stdout and stderr reach its log capped (perfloop.isolation.childlog).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from perfloop.core import childlog, spawn
+from perfloop.isolation import childlog, spawn
 
 python = spawn.python  # the command line of a child
 _LIVE: set[int] = set()  # the children started here and not yet killed

@@ -17,7 +17,7 @@ from pathlib import Path
 from perfloop.core import plainfile
 from perfloop.core.atomic import write_json
 from perfloop.core.errors import NeedsGPU
-from perfloop.core.sandbox import kernel_env
+from perfloop.isolation.sandbox import kernel_env
 from perfloop.core.vocab import Status
 from perfloop.measure import ncu, phases, process
 from perfloop.plan import profile_rank

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any, Callable
 from perfloop.core.vocab import Kind
 
 if TYPE_CHECKING:   # (for the annotations only: this module stays plain data)
-    from perfloop.core.playbook import Rules
-    from perfloop.core.sandbox import Confinement
+    from perfloop.contract.playbook import Rules
+    from perfloop.isolation.sandbox import Confinement
     from perfloop.measure.phases import Timing
     from perfloop.store.pinned import Pinned
 
@@ -44,10 +44,10 @@ class Plan:
     control: dict
     candidates: list            # to judge and time
     finalists: dict             # candidate label -> its declared finalists' variants, judged too
-    shapes: list                # the timed shapes (perfloop.core.workload.timed)
+    shapes: list                # the timed shapes (perfloop.contract.workload.timed)
     choosing: str               # where the fastest candidate is chosen
     tolerance: dict
-    rules: Rules                # the run's rules (perfloop.core.playbook.Rules)
+    rules: Rules                # the run's rules (perfloop.contract.playbook.Rules)
     requires_gpu: bool
     deadline: float             # monotonic
     only_buckets: list | None = None

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from perfloop.core.naming import SEARCH_IDS
-from perfloop.core.playbook import DecisionRules
+from perfloop.contract.playbook import DecisionRules
 from perfloop.core.stats import Comparison
 from perfloop.core.vocab import Kind, Status, Stop, StopReason
 from perfloop.plan import decide

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from perfloop.core import dispatch_table, vocab
-from perfloop.core.playbook import Classes, DecisionRules, Optimization, StopRules
+from perfloop.contract.playbook import Classes, DecisionRules, Optimization, StopRules
 from perfloop.core.stats import Comparison, compare
 from perfloop.core.vocab import Correctness, Status, StopReason
 
@@ -188,7 +188,7 @@ def candidates_for(opt: Optimization, knobs: dict, overrides: dict, space=None) 
     the incumbent's kernel in every bucket (a one-knob step runs its value in the dispatch
     entries that set its knob too: dispatch_table.set_everywhere; an entry of several knobs
     each of its knobs so: patch_everywhere), and, by the kernel's knob
-    space (perfloop.core.knobspace.Space), but those that build the same kernel or that its
+    space (perfloop.contract.knobspace.Space), but those that build the same kernel or that its
     restrict() rules out in some bucket."""
     values = overrides.get(opt.key, opt.values)
     out = []
@@ -237,7 +237,7 @@ class Classification(NamedTuple):
 def classify(bytes_moved: float, flops, peaks: Mapping | None = None,
              bandwidth: float | None = None, bounds: Classes = Classes()) -> Classification:
     """Seed 002's classes by arithmetic intensity. `flops` maps execution units to operations
-    (perfloop.core.traffic; a number: bf16 tensor-core FLOPs). With the device's `peaks` ({unit:
+    (perfloop.contract.traffic; a number: bf16 tensor-core FLOPs). With the device's `peaks` ({unit:
     operations/s}) and `bandwidth` (bytes/s), the unit whose operations take longest decides:
     its intensity is compared with its ridge point, peak / bandwidth, at the multiples
     `bounds` gives. Without them (a CPU clock), all units' FLOPs per byte against seed 002's

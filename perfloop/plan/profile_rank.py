@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from perfloop.core.errors import UserError
-from perfloop.core.playbook import SHIPPED, read_toml
+from perfloop.contract.playbook import SHIPPED, read_toml
 from perfloop.plan.decide import Suggestion
 
 FILE = "profile_rules.toml"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from perfloop.core.playbook import Optimization, thaw
+from perfloop.contract.playbook import Optimization, thaw
 from perfloop.core.vocab import Kind
 
 

@@ -2,7 +2,7 @@
 
   dispatch  right after an experiment whose values won on some buckets of shapes (the
             kernel's bucket(inputs) key) but not on all, keep each bucket's winner for that
-            bucket only (perfloop.core.dispatch);
+            bucket only (perfloop.contract.dispatch);
   joint     before the run stops, the product of the values that were best or within
             [search] joint_margin of it in the one-knob steps, plus all measured values of
             knobs known to interact with them, at most [search] joint_max_configs configs.
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from perfloop.core import dispatch_table as dispatch
-from perfloop.core import playbook
+from perfloop.contract import playbook
 from perfloop.core.naming import (
     BUCKET_JOINT,
     DISPATCH,
@@ -31,7 +31,7 @@ from perfloop.core.naming import (
     SEARCH_IDS,
     show_patch,
 )
-from perfloop.core.playbook import CLASSES, Optimization, freeze, thaw
+from perfloop.contract.playbook import CLASSES, Optimization, freeze, thaw
 from perfloop.core.vocab import INCUMBENT, Correctness, Kind, Outcome, Status
 from perfloop.plan import decide
 

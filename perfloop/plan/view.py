@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from perfloop.core.kernel import KernelSpec
-from perfloop.core.knobspace import Space
-from perfloop.core.playbook import Playbook
+from perfloop.contract.kernel import KernelSpec
+from perfloop.contract.knobspace import Space
+from perfloop.contract.playbook import Playbook
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from perfloop.core import dispatch_table as dispatch
-from perfloop.core.playbook import DecisionRules, thaw
+from perfloop.contract.playbook import DecisionRules, thaw
 from perfloop.core.stats import Comparison
 from perfloop.core.vocab import CONTROL, INCUMBENT, Correctness, Kind, Outcome, Status
 from perfloop.plan import decide

@@ -2,7 +2,7 @@
 copy, or by a large add, whichever moves more per second: a floor that a plain elementwise
 kernel beats would stop a run at the "roofline" while it is still behind) and bf16 matrix
 throughput, measured once per device and cached in sandbox/. The floor of a kernel's time
-(perfloop.core.roofline) uses the architecture's peaks, not the measured matmul: a matmul that
+(perfloop.contract.roofline) uses the architecture's peaks, not the measured matmul: a matmul that
 beats cuBLAS is not a broken measurement."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import statistics
 from pathlib import Path
 
 from perfloop.core.atomic import write_json
-from perfloop.core.roofline import peak_tensor_tflops, unit_peaks_tflops
+from perfloop.contract.roofline import peak_tensor_tflops, unit_peaks_tflops
 from perfloop.referee.clock import CudaClock
 
 COPY_BYTES, MATMUL_N = 1 << 30, 8192

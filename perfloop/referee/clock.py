@@ -14,8 +14,8 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Protocol
 
-from perfloop.core.device_clock import CudaClock, host_us, pad_for  # noqa: F401
-from perfloop.core.playbook import Measure
+from perfloop.contract.device_clock import CudaClock, host_us, pad_for  # noqa: F401
+from perfloop.contract.playbook import Measure
 
 
 class Clock(Protocol):

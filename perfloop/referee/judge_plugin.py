@@ -3,12 +3,12 @@
 
 It runs the same judge over the same cases as the kernel passes, but perfloop.correctness
 gives it a stand-in for every kernel module and records, for each case, the expected value the
-judge computes from its own inputs (perfloop.core.judging). When its session ends it waits for
+judge computes from its own inputs (perfloop.contract.judging). When its session ends it waits for
 perfloop to name the kernel passes' output folders, reads each delivered output as data
 (torch.load with weights_only: tensors, lists and numbers, never code), compares it with the
 expected value within the case's tolerance, and writes the verdict. A case with no output, or
 an output that differs, fails its variant; only this process says that a variant passed. It
-also writes the cases the timer can replay where no pytest runs (perfloop.core.judge_replay).
+also writes the cases the timer can replay where no pytest runs (perfloop.contract.judge_replay).
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from perfloop.core import judge_replay, judging, outputs, plainfile
+from perfloop.contract import judge_replay, judging, outputs
+from perfloop.core import plainfile
 from perfloop.core.atomic import digest, write_bytes, write_json
 
 REQUEST_DIGEST = ""
@@ -39,8 +40,8 @@ def pytest_configure(config):
     global REQUEST_DIGEST, READ_AT
     path = config.getoption("--perfloop-reference")
     if path:
-        from perfloop.core.lifeline import guard_parent, wait_for_task
-        from perfloop.core.spawn import set_dumpable
+        from perfloop.isolation.lifeline import guard_parent, wait_for_task
+        from perfloop.isolation.spawn import set_dumpable
 
         guard_parent()
         set_dumpable(False)   # (the kernel passes beside it run kernel code)
@@ -74,7 +75,7 @@ def pytest_sessionfinish(session, exitstatus):
                "expected": len(judging.ORDER), "labels": {},
                **({"replay": replay} if replay else {})}
     if asked is not None:
-        from perfloop.core.imports import imported_files
+        from perfloop.isolation.imports import imported_files
 
         verdict["imports"] = imported_files()
         marks["imports_listed"] = time.monotonic()
@@ -106,7 +107,7 @@ def _one_thread():
 
 
 def _write_cases(request: dict) -> dict | None:
-    """The judge's replayable cases, for the timer (perfloop.core.judge_replay): the file's
+    """The judge's replayable cases, for the timer (perfloop.contract.judge_replay): the file's
     digest travels in the verdict, so the timer reads only what this process wrote."""
     if not request.get("cases"):
         return None

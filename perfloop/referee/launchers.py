@@ -4,7 +4,7 @@ variant, and the clocks that time their batches from outside.
 Each launcher is forked from the timer before the timer initializes CUDA, imports the contract
 or draws anything (so it starts with torch imported, and with nothing it could predict), then
 becomes a process of its own: a session of its own, only its own pipes and log open, its own
-environment, confined (perfloop.core.sandbox). A launcher runs only while it is its turn: the timer continues it (SIGCONT), asks for a batch,
+environment, confined (perfloop.isolation.sandbox). A launcher runs only while it is its turn: the timer continues it (SIGCONT), asks for a batch,
 and stops it (SIGSTOP) once the batch is timed, so between turns its host code cannot launch
 work, write, or read what the timer does next.
 """
@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from perfloop.core import childlog, spawn
-from perfloop.core.channel import NO_ANSWER, Channel, Closed
+from perfloop.isolation import childlog, spawn
+from perfloop.isolation.channel import NO_ANSWER, Channel, Closed
 
 
 class LauncherFailed(Exception):
@@ -118,7 +118,7 @@ def _become_launcher(cwd: Path, env: dict, log: Path, fds: tuple) -> None:
     tempfile.tempdir = None  # (TMPDIR is the launcher's own now)
     sys.dont_write_bytecode = True
     sys.argv = ["perfloop.child.launcher", *map(str, CHANNEL_FDS)]
-    from perfloop.core import sandbox
+    from perfloop.isolation import sandbox
 
     confined = sandbox.apply_from_environ()
     if confined:

@@ -2,7 +2,7 @@
 
 The judge's kernel pass runs pytest beside kernel code, which can see it: a kernel right only
 while judged passed its judge and, where every timed shape was one it was right at, its
-timing too. The reference pass writes the cases it could record (perfloop.core.judge_replay);
+timing too. The reference pass writes the cases it could record (perfloop.contract.judge_replay);
 the timer reads them here as data (torch.load with weights_only, through plainfile), makes
 each case's inputs and poisoned output, and has the variant's own launcher run them, in a
 batch like any other, where no pytest runs. The comparison with the judge's expected value
@@ -15,7 +15,8 @@ import io
 from dataclasses import dataclass
 from pathlib import Path
 
-from perfloop.core import judge_replay, outputs, plainfile
+from perfloop.contract import judge_replay, outputs
+from perfloop.core import plainfile
 from perfloop.core.atomic import digest
 
 LIMIT = 2 * judge_replay.CAP_BYTES + (16 << 20)   # the cases and torch.save's framing

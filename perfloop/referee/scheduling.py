@@ -23,7 +23,7 @@ import resource
 import time
 from dataclasses import dataclass
 
-from perfloop.core import spawn
+from perfloop.isolation import spawn
 
 STOP_GRACE_S = 10.0   # for a stopped launcher's threads to leave the kernel
 LIMITS = {name: getattr(resource, name) for name in (

@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from perfloop.core import hooks, outputs
+from perfloop.contract import hooks, outputs
 
 
 @dataclass

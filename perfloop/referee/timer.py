@@ -26,25 +26,16 @@ import time
 from pathlib import Path
 from types import MappingProxyType
 
-from perfloop.core import (
-    childlog,
-    envinfo,
-    gpu_ipc,
-    hooks,
-    outputs,
-    roofline,
-    spawn,
-    stats,
-    traffic,
-    workload,
-)
+from perfloop.contract import hooks, outputs, roofline, traffic, workload
+from perfloop.core import envinfo, stats
+from perfloop.isolation import childlog, gpu_ipc, spawn
 from perfloop.core.atomic import digest, write_json
-from perfloop.core.dispatch import knobs_for
+from perfloop.contract.dispatch import knobs_for
 from perfloop.core.errors import UserError
-from perfloop.core.kernel import Shape, code_digest, import_module
-from perfloop.core.lifeline import guard_parent, wait_for_task
-from perfloop.core.playbook import Measure
-from perfloop.core.sandbox import Confinement, kernel_env, linked_cache
+from perfloop.contract.kernel import Shape, code_digest, import_module
+from perfloop.isolation.lifeline import guard_parent, wait_for_task
+from perfloop.contract.playbook import Measure
+from perfloop.isolation.sandbox import Confinement, kernel_env, linked_cache
 from perfloop.core.values import freeze
 from perfloop.core.vocab import CONTROL, INCUMBENT, Outcome
 from perfloop.referee import ceilings, replay, scheduling
@@ -157,7 +148,7 @@ class Timer:
         # The parent names the workload's buckets; a hook's are found here (_bucket)
         self.routed_from = {} if hasattr(self.contract, "bucket") else {
             raw["name"]: raw["routed_from"] for raw in spec["shapes"] if raw.get("routed_from")}
-        # ... and those whose launch tunes once among the finalists (perfloop.core.dispatch:
+        # ... and those whose launch tunes once among the finalists (perfloop.contract.dispatch:
         # never with a hook, nor for a kernel that writes its inputs)
         tunes = not hasattr(self.contract, "bucket") and not getattr(self.contract, "INPLACE", ())
         self.tuned = {raw["name"] for raw in spec["shapes"] if raw.get("tuned")} if tunes else set()
@@ -173,7 +164,7 @@ class Timer:
 
     # ---- launchers ------------------------------------------------------------------------
     def _launcher_env(self, v: dict, folder: Path) -> dict:
-        """A launcher's environment (perfloop.core.sandbox): it writes only its folder (with
+        """A launcher's environment (perfloop.isolation.sandbox): it writes only its folder (with
         its code's compile cache), and reads only the code it runs (its variant's export; the
         contract for PyTorch's own launches), whatever its role."""
         conf = self.spec.get("confinement") or {}
@@ -546,7 +537,7 @@ class Timer:
         """The bucket whose knobs the shape runs: the contract's bucket(inputs) where it has the
         hook (its launches dispatch by it), else the workload's, as the parent named it. A
         held-back shape in a bucket no benchmark shape falls in runs as the nearest measured
-        one (perfloop.core.dispatch routes its launches so), and counts there."""
+        one (perfloop.contract.dispatch routes its launches so), and counts there."""
         if not hasattr(self.contract, "bucket"):
             return self.buckets.get(shape.name)
         if shape.name not in self.runs_as:
@@ -935,7 +926,7 @@ def main(spec_path: str) -> int:
     finally:
         timer.close()
         if spec.get("imports_out"):
-            from perfloop.core.imports import imported_files
+            from perfloop.isolation.imports import imported_files
 
             Path(spec["imports_out"]).write_text(json.dumps(imported_files()))
     write_json(Path(spec["out"]), {**result, "spec": digest(raw)})

@@ -14,7 +14,7 @@ from perfloop.core import naming
 from perfloop.core.naming import (
     show_value,
 )
-from perfloop.core.playbook import freeze
+from perfloop.contract.playbook import freeze
 from perfloop.core.vocab import Correctness, Kind, Status
 from perfloop.store.records import Confirmation, Experiment, incumbent_timed, timed
 

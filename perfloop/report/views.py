@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from perfloop.core import settings
+from perfloop.contract import settings
 from perfloop.core.vocab import Status, Stop
 from perfloop.report import review
 from perfloop.store import records
@@ -85,7 +85,7 @@ def status(s: Session) -> dict:
 
 
 def settings_in_force(s: Session) -> dict:
-    """{key: {value, from}} of the settings a kernel or a flag may set (perfloop.core.settings),
+    """{key: {value, from}} of the settings a kernel or a flag may set (perfloop.contract.settings),
     as the run pinned them: from a flag, kernel.toml's [rules], or rules.toml."""
     return {key: {"value": value,
                   "from": "flag" if key in s.state.overrides else

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import time
 
-from perfloop.core import progress, workload
+from perfloop.contract import workload
+from perfloop.core import progress
 from perfloop.core.vocab import CONTROL, INCUMBENT
 from perfloop.measure import phases
 from perfloop.store import records

@@ -18,11 +18,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from perfloop.core import dispatch_table as dispatch
-from perfloop.core import naming, plainfile, progress, workload
+from perfloop.contract import workload
+from perfloop.core import naming, plainfile, progress
 from perfloop.core.faults import crashpoint
 from perfloop.core.errors import EnvironmentFailure
-from perfloop.core.kernel import KNOBS, knobs_text, parse_knobs
-from perfloop.core.playbook import thaw
+from perfloop.contract.kernel import KNOBS, knobs_text, parse_knobs
+from perfloop.contract.playbook import thaw
 from perfloop.core.vocab import (
     CONTROL,
     INCUMBENT,

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import hashlib
 
-from perfloop.core import naming, roofline, traffic
+from perfloop.contract import roofline, traffic
+from perfloop.core import naming
 from perfloop.core.faults import crashpoint
 from perfloop.core.vocab import Kind, Status
 from perfloop.plan import decide

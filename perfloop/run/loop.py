@@ -15,7 +15,7 @@ from datetime import date
 from pathlib import Path
 from typing import Callable
 
-from perfloop.core import kernel, knobspace, traffic, workload
+from perfloop.contract import kernel, knobspace, traffic, workload
 from perfloop.core.errors import Terminated, UserError
 from perfloop.core.faults import crashpoint
 from perfloop.core.vocab import Kind, Status, Stop, StopReason

@@ -3,7 +3,7 @@ through it: what the loop, `step` and `next` run next."""
 
 from __future__ import annotations
 
-from perfloop.core import knobspace
+from perfloop.contract import knobspace
 from perfloop.core.errors import AfterRecord, UserError
 from perfloop.core.vocab import Stop
 from perfloop.plan import planner, profile_rank

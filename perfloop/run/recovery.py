@@ -10,8 +10,8 @@ import sys
 from dataclasses import dataclass
 
 from perfloop.core.errors import UserError
-from perfloop.core.kernel import KNOBS
-from perfloop.core.playbook import freeze
+from perfloop.contract.kernel import KNOBS
+from perfloop.contract.playbook import freeze
 from perfloop.core.vocab import Kind, Status
 from perfloop.plan import search
 from perfloop.plan.proposal import Proposal

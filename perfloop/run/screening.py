@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from perfloop.core import workload
+from perfloop.contract import workload
 from perfloop.core.vocab import Outcome
 from perfloop.measure import phases
 

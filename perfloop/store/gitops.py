@@ -28,9 +28,9 @@ import git  # noqa: E402
 from gitdb.base import IStream  # noqa: E402
 
 from perfloop.core.errors import EnvironmentFailure, UserError  # noqa: E402
-from perfloop.core import spawn
+from perfloop.isolation import spawn
 from perfloop.core.faults import crashpoint
-from perfloop.core.mounts import filesystem
+from perfloop.isolation.mounts import filesystem
 
 REF_PREFIX = "refs/perfloop"
 NO_HOOKS = "core.hooksPath=/dev/null"   # hooks are looked up in a folder that cannot hold any

@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from perfloop.core.errors import EnvironmentFailure, UserError
-from perfloop.core.mounts import filesystem
+from perfloop.isolation.mounts import filesystem
 from perfloop.core.source import compile_error
 
 MIN_FREE_MB = 300   # an experiment exports two copies of the folder, logs, and compile caches

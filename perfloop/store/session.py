@@ -14,7 +14,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from perfloop.core import childlog, kernel, manifest, naming, plainfile, playbook, settings
+from perfloop.contract import kernel, manifest, playbook, settings
+from perfloop.core import naming, plainfile
+from perfloop.isolation import childlog
 from perfloop.core.atomic import write_json
 from perfloop.core.errors import CorruptRecord, EnvironmentFailure, NeedsGPU, UserError
 from perfloop.core.vocab import Kind, Stop, StopReason
@@ -65,7 +67,7 @@ class State:
     interrupted: Stop | None = None   # set by Ctrl-C; `run --resume` goes on
     in_flight: dict | None = None
     started_at: float = field(default_factory=time.time)
-    workload_seed: int | None = None  # held-out shapes are drawn with it (perfloop.core.workload)
+    workload_seed: int | None = None  # held-out shapes are drawn with it (perfloop.contract.workload)
     worktree: str = ""        # a fleet's lane: the worktree the run lives in (perfloop.fleet)
     schema: int = STATE_SCHEMA
 
@@ -181,7 +183,7 @@ def sha256_file(path: Path) -> str:
 class Session:
     def __init__(self, kernel_arg: str, playbook_dir: str | None = None,
                  overrides: dict | None = None, sandboxes: Path | None = None):
-        """`overrides`: the command's flags' settings (perfloop.core.settings), over
+        """`overrides`: the command's flags' settings (perfloop.contract.settings), over
         kernel.toml's [rules] and rules.toml; a run in progress keeps its own (retune).
         `sandboxes`: where the runs' files live (default: the repository's sandbox/; a
         fleet's lane, in a worktree of its own, keeps them in the main tree's)."""
@@ -209,7 +211,7 @@ class Session:
         self._files_in(self.sandboxes / self.spec.name)
         self.archived: Path | None = None   # the archived run a reader reads (read_run)
         # each code's compile cache, shared by the processes that run that code (the judge's
-        # kernel passes, the warmers, the timer's launchers): perfloop.core.sandbox.linked_cache
+        # kernel passes, the warmers, the timer's launchers): perfloop.isolation.sandbox.linked_cache
         self.compile_cache = self.sandbox / "cache"
         self.ceilings_cache = self.sandboxes / "device_ceilings.json"
         self._state: State | None = None
@@ -280,9 +282,9 @@ class Session:
 
     # ---- children ------------------------------------------------------------------------
     def confinement(self, *reads):
-        """How this run's children that run kernel code are confined (perfloop.core.sandbox):
+        """How this run's children that run kernel code are confined (perfloop.isolation.sandbox):
         they may read `reads`, by default the run's pinned tree and the exported code."""
-        from perfloop.core.sandbox import confinement_for
+        from perfloop.isolation.sandbox import confinement_for
 
         return confinement_for(self.playbook.rules.confine,
                                *(reads or (self.pinned().root, self.work / COPIES)))

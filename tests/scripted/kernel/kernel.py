@@ -137,8 +137,8 @@ def _build_one(knobs: dict):
     chatty = _threshold(mode, "print-")
     counter = itertools.count()
     seen: set = set()
-    if mode == "tamper-judge" and "perfloop.core.outputs" in sys.modules:
-        sys.modules["perfloop.core.outputs"].compare = lambda *args, **kw: {"passed": True}
+    if mode == "tamper-judge" and "perfloop.contract.outputs" in sys.modules:
+        sys.modules["perfloop.contract.outputs"].compare = lambda *args, **kw: {"passed": True}
     if mode == "tamper":  # whatever clock is in this process reports half the time
         real = time.perf_counter
         start = real()
@@ -146,7 +146,7 @@ def _build_one(knobs: dict):
         time.thread_time = lambda: 0.0
     if mode == "forge-torch":  # 2 * x is what the judge and the reference compute
         torch.Tensor.__rmul__ = lambda self, other: torch.mul(self, 3 if other == 2 else other)
-    api = sys.modules.get("perfloop.core.judge_api")
+    api = sys.modules.get("perfloop.contract.judge_api")
     if mode == "forge-judge" and api is not None and not hasattr(api, "_forged"):
         real_deliver = api._deliver
         api._forged = True
@@ -262,7 +262,7 @@ def _plant() -> None:
     hook = _repo() / ".git/hooks/post-commit"
     _attempt(lambda: hook.write_text("#!/bin/sh\necho planted >> planted.txt\n"))
     _attempt(lambda: hook.chmod(0o755))
-    import perfloop.core.outputs as target
+    import perfloop.contract.outputs as target
     _attempt(lambda: open(target.__file__, "a").write("\n# planted\n"))
 
 

@@ -6,7 +6,7 @@ import itertools
 import random
 from typing import Callable
 
-from perfloop.core.playbook import Playbook
+from perfloop.contract.playbook import Playbook
 
 
 def domains(playbook: Playbook, knobs: dict, overrides: dict) -> dict[str, list]:

@@ -59,7 +59,7 @@ def space_for(kernel_class: str, capability: tuple[int, int], spaces: dict | Non
               ) -> list[dict]:
     """The playbook's space for a kernel class (autotune.toml), fitted to the architecture."""
     if spaces is None:
-        from perfloop.core import playbook
+        from perfloop.contract import playbook
         spaces = playbook.load(playbook.resolve_dir(None, None)).autotune
     dims = dict(spaces.get("space", {}).get(kernel_class, {}))
     if not dims:
@@ -97,7 +97,7 @@ class DiskCache:
     """One JSON file per winner, named by a hash of its identity."""
 
     def __init__(self, directory: Path | None = None):
-        # XDG_CACHE_HOME: a confined child may write only its own cache (perfloop.core.sandbox)
+        # XDG_CACHE_HOME: a confined child may write only its own cache (perfloop.isolation.sandbox)
         self.directory = Path(directory or os.environ.get("PERFLOOP_AUTOTUNE_CACHE")
                               or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
                               / "perfloop" / "autotune")

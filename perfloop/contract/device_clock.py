@@ -1,5 +1,5 @@
 """Device time of one call on a GPU, without host time or another call's L2 traffic in it:
-what a launch that tunes once among finalists times (perfloop.core.tuneonce), and the
+what a launch that tunes once among finalists times (perfloop.contract.tuneonce), and the
 timer's warm-up and ceilings. The loop's keep or revert is timed differently: batches of
 launches back to back over several input slots (perfloop.referee.launchers.GpuClock). The
 two can rank configs that differ by under 5% differently

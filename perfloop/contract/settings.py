@@ -63,7 +63,7 @@ def from_table(raw, where: str) -> dict:
 
 
 def apply(rules, overrides: dict):
-    """`rules` (perfloop.core.playbook.Rules) with `overrides` ({key: value}) in force."""
+    """`rules` (perfloop.contract.playbook.Rules) with `overrides` ({key: value}) in force."""
     for key, value in overrides.items():
         section = BY_KEY[key].section
         rules = dataclasses.replace(rules, **{section: dataclasses.replace(

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from perfloop.core import outputs
-from perfloop.core.kernel import TOLERANCE_KEYS
+from perfloop.contract import outputs
+from perfloop.contract.kernel import TOLERANCE_KEYS
 
 
 class ContractError(Exception):

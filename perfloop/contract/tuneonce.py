@@ -1,10 +1,10 @@
 """Tune once among a run's finalists, for a launch in a bucket the run never measured (seed
 000's tune-once, cache, launch): each finalist (the knobs a measured bucket runs, or a config
 kernel.toml's [workload] declares) is launched a few times on the caller's own inputs, the
-fastest is kept in memory and on disk (perfloop.core.autotune.DiskCache), and every later
+fastest is kept in memory and on disk (perfloop.contract.autotune.DiskCache), and every later
 launch in that bucket runs it.
 
-Timed on a GPU by the device time of one call (perfloop.core.device_clock; the loop's timer
+Timed on a GPU by the device time of one call (perfloop.contract.device_clock; the loop's timer
 times launches back to back instead), else by the wall clock, as the loop's timer times a
 CPU kernel. The output is
 written by the finalist that runs last, the winner, so what the caller gets is the winner's
@@ -21,11 +21,11 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-from perfloop.core.autotune import DiskCache
-from perfloop.core.device_clock import CudaClock, host_us, pad_for
+from perfloop.contract.autotune import DiskCache
+from perfloop.contract.device_clock import CudaClock, host_us, pad_for
 
 MAX_MEASURED = 4    # the nearest measured buckets' distinct knobs
-MAX_FINALISTS = 8   # with kernel.toml's declared finalists (perfloop.core.workload)
+MAX_FINALISTS = 8   # with kernel.toml's declared finalists (perfloop.contract.workload)
 REPS = 5
 GPU_REPS = 15   # a device-time sample costs ~0.1 ms (L2 eviction, pad): medians of 15
 

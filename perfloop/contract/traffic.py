@@ -1,5 +1,5 @@
 """A kernel's traffic at one shape: the bytes it must move and the operations it must do, per
-execution unit, read from its traffic(shape) (perfloop.core.kernel's contract).
+execution unit, read from its traffic(shape) (perfloop.contract.kernel's contract).
 
 traffic(shape) returns either the old pair (bytes, flops), whose FLOPs count at the bf16
 tensor-core rate (what the pair has always meant), or a mapping

@@ -24,7 +24,7 @@ import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from perfloop.core.shape import Shape, pow2
+from perfloop.contract.shape import Shape, pow2
 from perfloop.core.values import freeze
 
 DEFAULT_HELD_OUT = 3
@@ -501,7 +501,7 @@ def timed(spec, shapes=None) -> list[dict]:
 def with_buckets(shapes, wl: Workload) -> list[dict]:
     """Shape dicts for the timer, each with the bucket whose knobs it runs: its own, or, for a
     shape in a bucket no benchmark shape fell in (a held-out one), the nearest measured bucket,
-    as a launch routes it (perfloop.core.dispatch), with its own as "routed_from". Decisions
+    as a launch routes it (perfloop.contract.dispatch), with its own as "routed_from". Decisions
     about a bucket so count the held-out shapes that run as it. With unseen = "tune" such a
     launch runs whichever finalist (a measured bucket's knobs, or one kernel.toml declares)
     was fastest there: "tuned" says so, and the bucket it counts in is only the nearest."""

@@ -105,7 +105,7 @@ class Limits:
     judge_processes: int = 1     # pytest processes that judge an iteration's candidates
     start_ahead: bool = False    # GPU kernels: the next experiment's children start while timing
     confine: str = "read-write"  # what kernel code may touch: "read-write", "write" or "off"
-    pass_env: tuple = ()         # more variables children get (perfloop.core.sandbox.PASSED)
+    pass_env: tuple = ()         # more variables children get (perfloop.isolation.sandbox.PASSED)
 
 
 @dataclass(frozen=True)

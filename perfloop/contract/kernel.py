@@ -5,28 +5,28 @@ A kernel folder holds
                tolerances per output dtype, optional per-knob candidates and tags (the
                playbook's ranking for kinds of kernel), optional held-back shapes (timed
                only to check a per-bucket dispatch; derived from the shapes if absent);
-               optional [workload], the family of shapes it serves (perfloop.core.workload:
+               optional [workload], the family of shapes it serves (perfloop.contract.workload:
                held-out shapes drawn from it, and the buckets decisions are taken in);
-               optional [rules], settings over the playbook's (perfloop.core.settings);
+               optional [rules], settings over the playbook's (perfloop.contract.settings);
                pinned for a run;
   knobs.json   the tunable values: the file the loop edits and commits;
   kernel.py    build(knobs) -> launch(inputs, out), which experiments change; and the
                benchmark, which a run takes from its base commit: make_inputs(shape, seed,
                device), empty_output(inputs), reference(*inputs), traffic(shape) ->
                {"bytes": B, "flops": {unit: count}} with units tensor.bf16/fp16/tf32/fp8,
-               fp32 and sfu (perfloop.core.traffic; the older (bytes, flops) pair counts its
+               fp32 and sfu (perfloop.contract.traffic; the older (bytes, flops) pair counts its
                FLOPs as tensor.bf16), optionally DEVICE ("cpu": CPU-timed kernels); optionally
                compile_ahead(knobs, shapes, arch) for `perfloop check`; optionally
-               bucket(inputs) -> str, the key of per-shape dispatch (perfloop.core.dispatch;
-               without it, the workload's buckets: perfloop.core.workload);
+               bucket(inputs) -> str, the key of per-shape dispatch (perfloop.contract.dispatch;
+               without it, the workload's buckets: perfloop.contract.workload);
                optionally competitors() -> {name: fn(*inputs)}, timed by `perfloop bench`;
-               optionally (perfloop.core.hooks) INPLACE, the inputs launch updates (restored before
+               optionally (perfloop.contract.hooks) INPLACE, the inputs launch updates (restored before
                every launch, checked against reference's extra results), scratch(inputs) ->
                buffers passed as launch(inputs, out, buffers), and tolerance(shape, index,
                dtype), a tolerance per output and shape over kernel.toml's per-dtype one;
                optionally canonical(knobs) -> knobs, with what the kernel ignores set to one
-               value (perfloop.core.knobspace: such candidates are never proposed).
-kernel.toml is read by perfloop.core.manifest (load_spec; public as perfloop.kernel.load_spec);
+               value (perfloop.contract.knobspace: such candidates are never proposed).
+kernel.toml is read by perfloop.contract.manifest (load_spec; public as perfloop.kernel.load_spec);
 docs/writing-a-kernel.md documents the contract for users.
 """
 
@@ -44,7 +44,7 @@ from typing import Any
 
 from perfloop.core import plainfile
 from perfloop.core.errors import UserError
-from perfloop.core.shape import Shape, _items, pow2  # noqa: F401  (the contract's)
+from perfloop.contract.shape import Shape, _items, pow2  # noqa: F401  (the contract's)
 from perfloop.core.source import compile_error
 from perfloop.core.values import freeze, thaw
 
@@ -100,7 +100,7 @@ class KernelSpec:
     manifest_text: str = ""
     tags: tuple = ()                                # e.g. ("reduction",): the playbook ranks by them
     held_back: tuple = ()                           # [[held_back]], or derived without a workload
-    workload: Any = None                            # perfloop.core.workload.Workload
+    workload: Any = None                            # perfloop.contract.workload.Workload
     held_back_derived: bool = False                 # no [[held_back]]: one per benchmark shape
     rules: dict = field(default_factory=dict)       # [rules]: settings over rules.toml's
     plain: dict | None = None                       # [plain]: the naive start (run --from plain)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-# Dense rates per SM per clock of each execution unit (perfloop.core.traffic.UNITS): tensor cores
+# Dense rates per SM per clock of each execution unit (perfloop.contract.traffic.UNITS): tensor cores
 # by input dtype and fp32 lanes in FLOPs (an FMA counts 2), special-function units (MUFU: exp2,
 # log2, rsqrt, rcp, sin, cos) in results. At the GPU's maximum SM clock each is a rate no
 # kernel can exceed. Sources:

@@ -2,13 +2,13 @@
 
 knobs.json may hold a "dispatch" table: {bucket: {knob: value, ...}}. A bucket is what the
 kernel's own `bucket(inputs)` says (e.g. "bfloat16/n<=4096"), or, without one, the workload's
-bucket of the inputs (perfloop.core.workload: "bfloat16/hidden<=4096"); the knobs for a call are
+bucket of the inputs (perfloop.contract.workload: "bfloat16/hidden<=4096"); the knobs for a call are
 the plain knobs with that bucket's values over them. Kernels route every launch through
 `build`, so the judge, the timer and the kernel's public entry point dispatch the same way.
 
 A launch in a bucket that no benchmark shape fell in runs as the nearest measured bucket (by
 element size, then size), or, with the workload's buckets where kernel.toml's [workload] says
-unseen = "tune", tunes once among the finalists (perfloop.core.tuneonce) and says so.
+unseen = "tune", tunes once among the finalists (perfloop.contract.tuneonce) and says so.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 from typing import Callable
 
-from perfloop.core import tuneonce, workload
+from perfloop.contract import tuneonce, workload
 from perfloop.core.dispatch_table import (  # noqa: F401  (kernels and judges read them here)
     KEY,
     as_itself,
@@ -47,7 +47,7 @@ def build(knobs: dict, build_one: Callable[[dict], Callable],
 
     `bucket`: the kernel's own key; the table lists the measured buckets (an empty entry where
     the plain knobs hold), and a bucket not in it runs as the nearest one that is (by element
-    size, then size: perfloop.core.workload.distance).
+    size, then size: perfloop.contract.workload.distance).
     None: the workload's buckets, read from the kernel.toml beside build_one (or in
     `folder`), where a bucket without an entry runs as the nearest measured one (or is tuned
     once, where the workload says unseen = "tune"). Either launch's `routes` says where each

@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from perfloop.core import hooks, judge_replay, judging, outputs
-from perfloop.core.kernel import Shape, import_module
-from perfloop.core.playbook import freeze, read_toml
+from perfloop.contract import hooks, judge_replay, judging, outputs
+from perfloop.contract.kernel import Shape, import_module
+from perfloop.contract.playbook import freeze, read_toml
 
 
 def requested_variants() -> list[dict] | None:
@@ -43,8 +43,8 @@ def default_variants(folder, combos: dict | None = None) -> list[dict]:
     """What a judge run by hand checks: the committed knobs, each knob moved alone to the ends
     of the values the playbook (and kernel.toml's [candidates]) can give it, and `combos`
     {label: {knob: value}} applied over the committed knobs."""
-    from perfloop.core import playbook, variants
-    from perfloop.core.kernel import read_knobs
+    from perfloop.contract import playbook, variants
+    from perfloop.contract.kernel import read_knobs
 
     folder = Path(folder)
     committed = read_knobs(folder / "knobs.json")
@@ -68,7 +68,7 @@ class _StandIn:
     """What module_for gives in the reference pass, where no kernel code may run: every
     attribute is a function returning a launcher that does nothing. A judge computes its
     expected values from its own inputs, never from the kernel module. build(knobs) returns a
-    launcher that records how check's run() launched it (perfloop.core.judge_replay), so the
+    launcher that records how check's run() launched it (perfloop.contract.judge_replay), so the
     timer can replay the case where no pytest runs."""
 
     def __init__(self, folder):
@@ -144,7 +144,7 @@ def check(label: str, case: str, run, reference, *, rtol: float, atol: float,
     Under the loop the kernel pass delivers the output and the reference pass the reference,
     and the reference pass compares them. A run() that builds with module_for's module and
     launches once as launch(inputs, out), returning that out, is also replayed by the timer
-    outside pytest (perfloop.core.judge_replay)."""
+    outside pytest (perfloop.contract.judge_replay)."""
     tol = {"rtol": rtol, "atol": atol, "max_rel_err": max_rel_err}
     if judging.MODE == judging.REFERENCE:
         key = (label, case)

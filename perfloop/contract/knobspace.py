@@ -16,7 +16,7 @@ from typing import Callable
 
 from perfloop.core import dispatch_table as dispatch
 from perfloop.core.errors import UserError
-from perfloop.core.kernel import MODULE, load_module
+from perfloop.contract.kernel import MODULE, load_module
 from perfloop.core.values import freeze
 
 Same = Callable[[dict, dict], bool]

@@ -16,7 +16,7 @@ import io
 import json
 from pathlib import Path
 
-from perfloop.core import judging
+from perfloop.contract import judging
 from perfloop.core.values import freeze
 
 CAP_BYTES = 64 << 20   # inputs and expected values written, shared evenly by the variants

@@ -6,9 +6,9 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-from perfloop.core import settings, workload
+from perfloop.contract import settings, workload
 from perfloop.core.errors import UserError
-from perfloop.core.kernel import (
+from perfloop.contract.kernel import (
     KNOBS,
     MANIFEST,
     MODULE,
@@ -19,7 +19,7 @@ from perfloop.core.kernel import (
     derived_held_back,
     read_knobs,
 )
-from perfloop.core.playbook import candidates_key, freeze, patch_values, read_toml
+from perfloop.contract.playbook import candidates_key, freeze, patch_values, read_toml
 
 
 class _BadTable(Exception):
@@ -149,7 +149,7 @@ def _knobs_known(names, known, where: str) -> None:
 
 def _held_back(manifest: dict, shapes: tuple, family: workload.Workload) -> tuple[Shape, ...]:
     """[[held_back]]; without it, one derived per benchmark shape, in its bucket. Also where a
-    workload is declared: its drawn held-out shapes (perfloop.core.workload.held_out) may all
+    workload is declared: its drawn held-out shapes (perfloop.contract.workload.held_out) may all
     run as one bucket, and a bucket no held-back shape checks can keep nothing."""
     held = manifest.get("held_back")
     if held is None:
