@@ -13,7 +13,7 @@ import pytest
 from perfloop.contract import hooks
 from perfloop.contract import outputs as verify
 from perfloop.contract.kernel import Shape
-from perfloop.referee.slots import Checked, Slots
+from perfloop.referee.slots import LaunchChecks, Slots
 
 torch = pytest.importorskip("torch")
 
@@ -35,11 +35,11 @@ def axpy_contract(**extra):
         "empty_output": lambda inputs: torch.empty_like(inputs[0]), **extra})
 
 
-def timed(contract, launch, *, tolerance=None, batches=6, slots=5, log=None) -> Checked:
+def timed(contract, launch, *, tolerance=None, batches=6, slots=5, log=None) -> LaunchChecks:
     """Run `launch` in batches the way a launcher does for the trusted timer at one shape
     (every slot refilled, then launched once), with every slot checked; the checks' result."""
     mine = Slots(contract, SHAPE, slots, "cpu", 1, tolerance or {}, random.Random(0))
-    checked = Checked()
+    checked = LaunchChecks()
     for _ in range(batches):
         drawn = mine.refill(slots, slots)
         if log is not None:

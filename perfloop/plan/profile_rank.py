@@ -38,7 +38,7 @@ class Rule:
 
 
 @dataclass(frozen=True)
-class Rules:
+class ProfileRules:
     metrics: dict     # key -> candidate metric names, first reported wins
     rules: tuple[Rule, ...]
 
@@ -58,7 +58,7 @@ def _condition(key: str, text, where: str) -> Condition:
                     f"of {' '.join(OPS)}")
 
 
-def load(directory: Path) -> Rules:
+def load(directory: Path) -> ProfileRules:
     """The playbook's profile rules, or perfloop's own where the playbook has none."""
     path = directory / FILE
     if not path.exists():
@@ -81,7 +81,7 @@ def load(directory: Path) -> Rules:
         rules.append(Rule(str(r.get("name", f"rule {i + 1}")),
                           tuple(_condition(k, v, where) for k, v in when.items()), dict(move),
                           str(r.get("why", "")), tuple(r.get("kernels", ()))))
-    return Rules(dict(metrics), tuple(rules))
+    return ProfileRules(dict(metrics), tuple(rules))
 
 
 def _show(key: str, metrics: dict, cond: Condition) -> str:
@@ -91,7 +91,7 @@ def _show(key: str, metrics: dict, cond: Condition) -> str:
     return f"{m['metric']} = {m['value']:g}{unit} ({cond.op} {cond.threshold:g})"
 
 
-def firing(rules: Rules, metrics: dict, kernel_class: str, tags: tuple = ()) -> list[tuple]:
+def firing(rules: ProfileRules, metrics: dict, kernel_class: str, tags: tuple = ()) -> list[tuple]:
     """[(rule, its conditions shown with the measured values)] for each rule whose every
     condition holds on the profile (a metric the profile lacks holds no condition)."""
     out = []
@@ -104,7 +104,7 @@ def firing(rules: Rules, metrics: dict, kernel_class: str, tags: tuple = ()) -> 
     return out
 
 
-def adjust(ranked: list[Suggestion], metrics: dict, rules: Rules, kernel_class: str,
+def adjust(ranked: list[Suggestion], metrics: dict, rules: ProfileRules, kernel_class: str,
            tags: tuple = (), source: str = "the profile") -> list[Suggestion]:
     """The suggestions re-ranked by the rules that fire on `metrics` ({key: {metric, value,
     unit}}), best first; each moved suggestion's reason starts with the metric that moved it."""

@@ -46,7 +46,7 @@ def warm_up(clock: Clock, fn, warmup_ms: float, give_up_ms: float | None = None,
 
 
 @dataclass
-class Checked:
+class Verified:
     """What the verified repetitions of one variant showed."""
 
     passed: bool = True
@@ -73,7 +73,7 @@ class Rounds:
     rounds: dict                                   # label -> [[samples of one round]]
     host_us: dict                                  # label -> [host time per call]
     pad_us: float
-    checked: dict = field(default_factory=dict)    # label -> Checked
+    checked: dict = field(default_factory=dict)    # label -> Verified
     cliffs: dict = field(default_factory=dict)     # label -> warm-up time / the first label's
 
     def to_json(self) -> dict:
@@ -128,7 +128,7 @@ def alternating(clock: Clock, launchers: dict[str, Callable], settings: Measure,
     typical = max(statistics.median(estimates.values()), 1e-4)
     reps = int(min(max(settings.round_ms / typical, settings.min_reps), settings.max_reps))
     rounds: dict[str, list[list[float]]] = {label: [] for label in labels}
-    checked = {label: Checked() for label in labels}
+    checked = {label: Verified() for label in labels}
     for r in range(settings.rounds):
         for label in labels if r % 2 == 0 else reversed(labels):
             on_batch(label)
@@ -138,7 +138,7 @@ def alternating(clock: Clock, launchers: dict[str, Callable], settings: Measure,
     return Rounds(reps, rounds, host, getattr(clock, "pad_us", 0.0), checked, cliffs)
 
 
-def _batch(clock, fn, reps, verifier, round_index, label, rng, checked: Checked,
+def _batch(clock, fn, reps, verifier, round_index, label, rng, checked: Verified,
            check: bool = True) -> list[float]:
     """One variant's repetitions of one round. With a verifier, one of them (at a random place,
     so a kernel cannot count its way to it) runs on fresh inputs and its output is checked.

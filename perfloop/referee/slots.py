@@ -19,7 +19,7 @@ from perfloop.contract import hooks, outputs
 
 
 @dataclass
-class Checked:
+class LaunchChecks:
     """What the checked launches of one variant showed at one shape."""
 
     passed: bool = True

@@ -40,7 +40,7 @@ from perfloop.core.values import freeze
 from perfloop.core.vocab import CONTROL, INCUMBENT, Outcome
 from perfloop.referee import ceilings, replay, scheduling
 from perfloop.referee.launchers import GpuClock, Launcher, LauncherFailed, WallClock
-from perfloop.referee.slots import Checked, Slots
+from perfloop.referee.slots import LaunchChecks, Slots
 
 CHECKS_PER_BATCH = 2
 # the sleep ahead of a batch doubles while the launcher's host work outlasts it (a batch of 256
@@ -499,7 +499,7 @@ class Timer:
 
     def _check(self, label, slots, drawn, copies, shape, round_index, checked) -> None:
         failures = slots.check(drawn, copies)
-        mine = checked.setdefault(label, Checked())
+        mine = checked.setdefault(label, LaunchChecks())
         mine.count += len(drawn)
         for failure in failures:
             mine.passed = False
