@@ -106,8 +106,8 @@ def test_a_verdicts_minor_gain_names_its_bucket_when_the_benchmark_spans_several
                     "variants": {"candidate-0": {"median_ms": 0.99}},
                     "vs_incumbent": _versus(0.99)} for n, b in buckets.items()}
 
-    several = weigh.timed(summary(SHAPES), "candidate-0", "head", RULES.decision)
-    one = weigh.timed(summary({"head": "big", "tail": "big"}), "candidate-0", "head",
+    several = weigh.verdict(summary(SHAPES), "candidate-0", "head", RULES.decision)
+    one = weigh.verdict(summary({"head": "big", "tail": "big"}), "candidate-0", "head",
                       RULES.decision)
     assert several.stop and several.reason.endswith("at head: its bucket stops")
     assert one.stop and one.reason.endswith("gain under 2%: stop")
@@ -128,24 +128,24 @@ def test_a_dispatch_that_loses_in_one_bucket_is_kept_in_the_other():
 
     summary = _pass({"head": ("big", 0.7, False), "held:head": ("big", 0.75, True),
                      "guard": ("small", 0.9, False), "held:guard": ("small", 1.4, True)})
-    v = weigh.timed(summary, "candidate-0", "head", RULES.decision, dispatch_value=TABLE,
+    v = weigh.verdict(summary, "candidate-0", "head", RULES.decision, dispatch_value=TABLE,
                     incumbent_knobs={})
     assert (v.status, v.dropped_buckets) == ("keep", ("small",)), v
     assert v.reason.startswith("kept at big, not at small (regression on held:guard")
     assert v.gain == pytest.approx(0.3)
     # the same loss in the only bucket it changes: reverted, as before
-    only = weigh.timed(summary, "candidate-0", "head", RULES.decision,
+    only = weigh.verdict(summary, "candidate-0", "head", RULES.decision,
                        dispatch_value={"small": {"tile": 16}}, incumbent_knobs={})
     assert only.status == "revert" and not only.dropped_buckets
     # a bucket where no held-back shape was timed is left out the same way
     del summary["held:guard"]
-    v = weigh.timed(summary, "candidate-0", "head", RULES.decision, dispatch_value=TABLE,
+    v = weigh.verdict(summary, "candidate-0", "head", RULES.decision, dispatch_value=TABLE,
                     incumbent_knobs={})
     assert (v.status, v.dropped_buckets) == ("keep", ("small",)), v
     # and a win in neither is no keep
     summary = _pass({"head": ("big", 1.3, False), "held:head": ("big", 0.9, True),
                      "guard": ("small", 1.3, False), "held:guard": ("small", 1.0, True)})
-    v = weigh.timed(summary, "candidate-0", "head", RULES.decision, dispatch_value=TABLE,
+    v = weigh.verdict(summary, "candidate-0", "head", RULES.decision, dispatch_value=TABLE,
                     incumbent_knobs={})
     assert v.status == "revert"
 

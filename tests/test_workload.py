@@ -390,7 +390,7 @@ def test_every_measured_bucket_has_a_held_back_shape_whatever_the_workload_draws
     spec = load_spec(folder, folder.parents[1])
     checks = {t["bucket"] for t in W.with_buckets(W.held_out(spec, seed), spec.workload)
               if "routed_from" not in t}
-    assert {t["bucket"] for t in W.timed(spec)} <= checks
+    assert {t["bucket"] for t in W.timer_shapes(spec)} <= checks
     drawn = W.draw(spec.workload, seed, tuple(spec.shapes) + tuple(spec.held_back))
     assert W.held_out(spec, seed)[-len(drawn):] == drawn and len(drawn) == spec.workload.held_out
 
@@ -676,13 +676,13 @@ def test_a_regression_at_a_tuned_shape_reverts_the_whole_dispatch():
     summary = {"head": shape("big", 0.7, False), "held:head": shape("big", 0.75, True),
                "guard": shape("small", 0.9, False), "held:guard": shape("small", 0.95, True),
                "held:out": shape("small", 1.4, True, tuned=True)}
-    verdict = weigh.timed(summary, "candidate-0", "head", rules, dispatch_value=table,
+    verdict = weigh.verdict(summary, "candidate-0", "head", rules, dispatch_value=table,
                           incumbent_knobs={})
     assert verdict.status == "revert" and "held:out" in verdict.reason, verdict
     # the same regression at a shape routed to its nearest bucket (not tuned) is that
     # bucket's: the dispatch is kept in the other
     routed = {**summary, "held:out": {**summary["held:out"], "tuned": False}}
-    verdict = weigh.timed(routed, "candidate-0", "head", rules, dispatch_value=table,
+    verdict = weigh.verdict(routed, "candidate-0", "head", rules, dispatch_value=table,
                           incumbent_knobs={})
     assert verdict.status == "keep" and verdict.dropped_buckets == ("small",), verdict
     # a tuned held-back shape is no bucket's check: "small" is then unchecked

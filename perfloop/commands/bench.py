@@ -78,7 +78,7 @@ def _execute(s: Session, count: int | None = None, seed: int | None = None) -> d
     seed, held = drawn(s.spec, count, seed)
     shapes = list(s.spec.shapes) + list(held)
     timing = phases.time_variants(
-        variants, workload.timed(s.spec, shapes), rules, contract=s.spec.folder,
+        variants, workload.timer_shapes(s.spec, shapes), rules, contract=s.spec.folder,
         tolerance=s.spec.tolerance, headline=s.spec.headline.name,
         ceilings_cache=s.ceilings_cache, work=work,
         confinement=s.confinement(s.spec.folder), cache=s.compile_cache,

@@ -488,7 +488,7 @@ def _needed(spec, wl: Workload, drawn: tuple[Shape, ...]) -> tuple[Shape, ...]:
     return tuple(h for h in spec.held_back if shape_bucket(wl, h) not in checked)
 
 
-def timed(spec, shapes=None) -> list[dict]:
+def timer_shapes(spec, shapes=None) -> list[dict]:
     """Shape dicts for a timer (default: the kernel spec's benchmark shapes), each with the
     workload's bucket whose knobs it runs: the buckets decisions are taken in where kernel.py
     has no bucket() hook."""

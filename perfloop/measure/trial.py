@@ -44,7 +44,7 @@ class Plan:
     control: dict
     candidates: list            # to judge and time
     finalists: dict             # candidate label -> its declared finalists' variants, judged too
-    shapes: list                # the timed shapes (perfloop.contract.workload.timed)
+    shapes: list                # the timed shapes (perfloop.contract.workload.timer_shapes)
     choosing: str               # where the fastest candidate is chosen
     tolerance: dict
     rules: Rules                # the run's rules (perfloop.contract.playbook.Rules)

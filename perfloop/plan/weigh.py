@@ -66,7 +66,7 @@ def baseline(summary: dict, headline: str, rules: DecisionRules,
                           f"{100 * summary[headline]['noise']:.2f}%) at the headline shape")
 
 
-def timed(summary: dict, best: str, headline: str, rules: DecisionRules,
+def verdict(summary: dict, best: str, headline: str, rules: DecisionRules,
           dispatch_value=None, incumbent_knobs: dict | None = None) -> decide.Verdict:
     """The playbook's verdict on the fastest candidate `best` (its timings from the final
     pass). A change of the dispatch table (`dispatch_value`: the chosen table) is decided at

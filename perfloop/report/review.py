@@ -16,7 +16,7 @@ from perfloop.core.naming import (
 )
 from perfloop.contract.playbook import freeze
 from perfloop.core.vocab import Correctness, Kind, Status
-from perfloop.store.records import Confirmation, Experiment, incumbent_timed, timed
+from perfloop.store.records import Confirmation, Experiment, incumbent_timed, shape_stats
 
 DIFF_LINES, DIFF_CHARS = 120, 8000   # an edit's diff in a report; git show holds the rest
 ONE_PROCESS = "one-process confirmation"
@@ -178,7 +178,7 @@ def shapes(recs: list[Experiment], names: list[str], incumbent: str,
     out = []
     for name in names:
         best, inc = incumbent_timed(recs, incumbent, name)
-        base = timed(recs[0], name)
+        base = shape_stats(recs[0], name)
         one = confirmed.get(name)
         out.append({
             "shape": name, "headline": name == headline,
@@ -205,8 +205,8 @@ def latency_points(recs: list[Experiment], shape: str) -> list[dict]:
     (outcome ok) or its outcome where it was not timed (fail, crash, slow, screened)."""
     out = []
     for record in recs:
-        chosen = timed(record, shape)
-        inc = timed(record, shape, "incumbent")
+        chosen = shape_stats(record, shape)
+        inc = shape_stats(record, shape, "incumbent")
         point: dict = {"iteration": record.iteration, "status": record.status,
                  "correctness": record.correctness, "ms": chosen and chosen["median_ms"],
                  "incumbent_ms": inc and inc["median_ms"], "candidates": []}

@@ -54,7 +54,7 @@ def measure(s: Session) -> dict:
                     {"label": FINAL, "folder": final_dir, "knobs": s.spec.read_knobs(final_dir)}]
         rules = s.playbook.rules
         timing = phases.time_variants(
-            variants, workload.timed(s.spec), rules, contract=s.pinned().contract,
+            variants, workload.timer_shapes(s.spec), rules, contract=s.pinned().contract,
             tolerance=s.spec.tolerance, headline=s.spec.headline.name,
             ceilings_cache=s.ceilings_cache, work=work,
             confinement=s.confinement(), cache=s.compile_cache,

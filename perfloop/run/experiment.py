@@ -122,7 +122,7 @@ class Trial:
     def timed_shapes(self) -> list[dict]:
         """`shapes` for the timer, each with the workload's bucket whose knobs it runs: where
         the kernel has no bucket() hook, the buckets decisions are taken in."""
-        return workload.timed(self.s.spec, self.shapes)
+        return workload.timer_shapes(self.s.spec, self.shapes)
 
     @property
     def choosing(self):
@@ -255,7 +255,7 @@ def _knobs_with(knobs: dict, opt, value, bucket: str | None) -> dict:
 def screen(t: Trial) -> None:
     """Many candidates: time each at one shape first, and judge only the fastest few."""
     start = time.monotonic()
-    timing = screening.timed(t)
+    timing = screening.screen(t)
     out = {v["label"]: (Outcome.OK, "") for v in t.candidates}
     if not timing.crashed and timing.raw:
         apply_timing(out, timing, Kind.PLAYBOOK)
@@ -372,7 +372,7 @@ def weigh_trial(t: Trial) -> decide.Verdict:
         return weigh.baseline(summary, head, rules, t.rules.verify.max_control_gap)
     chosen = t.values.get(t.best) if t.dispatching else None
     assert t.best is not None   # (a summary is only had with a best)
-    return weigh.timed(summary, t.best, head, rules, dispatch_value=chosen,
+    return weigh.verdict(summary, t.best, head, rules, dispatch_value=chosen,
                        incumbent_knobs=t.incumbent_knobs)
 
 

@@ -11,14 +11,14 @@ from perfloop.core.vocab import Outcome
 from perfloop.measure import phases
 
 
-def timed(trial):
+def screen(trial):
     """Time every candidate of the experiment `trial` (perfloop.run.experiment.Trial) at one
     shape (its `choosing`: the headline's, or a bucket joint search's) only, in a few rounds,
     outputs checked as always; returns the timing (perfloop.measure.phases.Timing)."""
     s, variants, head, work = trial.s, trial.variants, trial.choosing, trial.work
     contract_dir, deadline = trial.contract_dir, trial.deadline
     env = phases.child_env(s.playbook_dir, s.playbook.rules.pass_env)
-    shapes = workload.timed(s.spec, [head])
+    shapes = workload.timer_shapes(s.spec, [head])
     rules = s.playbook.rules
     quick = dataclasses.replace(rules, measure=dataclasses.replace(
         rules.measure, rounds=rules.search.screen_rounds))

@@ -205,7 +205,7 @@ def append(path: Path, record: Record) -> None:
 
 
 # ---- queries over the record ------------------------------------------------------
-def timed(record: Experiment | None, shape: str, label: str | None = None) -> dict | None:
+def shape_stats(record: Experiment | None, shape: str, label: str | None = None) -> dict | None:
     """The variant's statistics at `shape` in the record's deciding pass (default: the chosen
     variant), with the shape's floor."""
     timing = (record.timing if record else None) or {}
@@ -224,7 +224,7 @@ def incumbent_timed(recs: list[Experiment], incumbent: str, shape: str
     by_commit = {r.commit: r for r in recs if r.status == Status.KEEP and r.timing}
     record = by_commit.get(incumbent)
     while record is not None:
-        stats = timed(record, shape)
+        stats = shape_stats(record, shape)
         if stats is not None:
             return record, stats
         before = record.extra.get("incumbent_before")
