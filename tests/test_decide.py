@@ -151,6 +151,28 @@ def test_a_kernel_tag_reorders_the_playbook_and_says_so():
     assert [s.optimization.id for s in other] == [s.optimization.id for s in plain]
 
 
+def test_an_entry_for_a_tag_alone_reaches_no_other_kernel_with_its_knobs():
+    """warpgroup_tiles moves tile, worker_warps, occupancy and num_ctas, which a matmul has
+    too: offered to it, its 2-D tile broke every matmul variant that took it (CI's check)."""
+    from pathlib import Path
+
+    from perfloop.contract import variants
+    from perfloop.contract.kernel import read_knobs
+    from perfloop.contract.manifest import load_spec
+
+    pb = load(SHIPPED)
+    root = Path(__file__).resolve().parent.parent
+    for name, offered in (("matmul", False), ("attention", True)):
+        spec = load_spec(root / "kernels" / name, root)
+        knobs = read_knobs(spec.folder / "knobs.json")
+        ids = [s.optimization.id for s in decide.rank(pb.optimizations, "compute-bound", knobs,
+                                                       spec.candidates, set(), {}, spec.tags)]
+        assert ("warpgroup_tiles" in ids) == offered, (name, ids)
+        tiles = variants.domains(pb, knobs, spec.candidates, spec.tags)["tile"]
+        assert ((128, 128) in tiles) == offered and all(len(t) == len(knobs["tile"])
+                                                         for t in tiles), (name, tiles)
+
+
 def test_candidates_exclude_the_current_value_and_honour_kernel_overrides():
     opt = load(SHIPPED).get("occupancy")
     assert decide.candidates_for(opt, {"occupancy": 4}, {}) == (1, 2, 8, 16)

@@ -103,7 +103,7 @@ def _combinations(args, folder, spec, playbook, committed) -> tuple[list, int, d
     """The knob combinations to compile, how many combinations (--all) or value pairs
     restrict() ruled out, and what they cover: {"what": ..., "sample": counts or None}."""
     plain = {k: v for k, v in committed.items() if k != dispatch.KEY}
-    doms = variants.domains(playbook, plain, spec.candidates)
+    doms = variants.domains(playbook, plain, spec.candidates, spec.tags)
     space = knobspace.space_for(folder)
     if args.all and (count := math.prod(len(d) for d in doms.values())) > ALL_CAP:
         raise UserError(f"--all would compile {count} combinations of {len(doms)} knobs for each "

@@ -48,11 +48,13 @@ def default_variants(folder, combos: dict | None = None) -> list[dict]:
 
     folder = Path(folder)
     committed = read_knobs(folder / "knobs.json")
-    declared = read_toml(folder / "kernel.toml", "kernel manifest").get("candidates", {})
-    candidates = {k: [freeze(v) for v in vals] for k, vals in declared.items()}
+    manifest = read_toml(folder / "kernel.toml", "kernel manifest")
+    candidates = {k: [freeze(v) for v in vals]
+                  for k, vals in manifest.get("candidates", {}).items()}
     out = [{"label": "committed", "knobs": committed}]
     book = playbook.load(playbook.resolve_dir(None, folder.parent.parent))
-    for knob, values in variants.domains(book, committed, candidates).items():
+    for knob, values in variants.domains(book, committed, candidates,
+                                         tuple(manifest.get("tags", ()))).items():
         for value in extremes([v for v in values if v != committed[knob]]):
             out.append({"label": f"{knob}={value}", "knobs": {**committed, knob: value}})
     for label, change in (combos or {}).items():

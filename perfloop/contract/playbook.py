@@ -44,6 +44,13 @@ class Optimization:
         """Its name in kernel.toml's [candidates]: the knob, or the knobs joined by '+'."""
         return candidates_key(self.knobs) if self.knobs else self.knob
 
+    def offered_to(self, tags: tuple, kernel_class: str | None = None) -> bool:
+        """Whether it applies to a kernel with these tags and class (None: any class it
+        lists): an entry with no applies_to is for its tags' kernels alone."""
+        if any(t in self.by_tag for t in tags):
+            return True
+        return kernel_class in self.applies_to if kernel_class else bool(self.applies_to)
+
     def rank_for(self, kernel_class: str, tags: tuple = ()) -> tuple[int, str]:
         """This entry's rank for a kernel, and what set it: the best rank among the kernel's
         tags that the entry names, else the rank for its class."""

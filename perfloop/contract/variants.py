@@ -9,12 +9,14 @@ from typing import Callable
 from perfloop.contract.playbook import Playbook
 
 
-def domains(playbook: Playbook, knobs: dict, overrides: dict) -> dict[str, list]:
+def domains(playbook: Playbook, knobs: dict, overrides: dict,
+            tags: tuple = ()) -> dict[str, list]:
     """Every value each knob can take: the committed one and every candidate touching it
-    (an entry that moves several knobs together gives each of them its values)."""
+    (an entry that moves several knobs together gives each of them its values). An entry
+    for tagged kernels alone (no applies_to) touches only kernels with one of its tags."""
     out = {name: [value] for name, value in knobs.items()}
     for opt in playbook.optimizations:
-        if not all(k in out for k in opt.moves):
+        if not all(k in out for k in opt.moves) or not opt.offered_to(tags):
             continue
         for value in overrides.get(opt.key, opt.values):
             for knob, v in (value.items() if opt.knobs else [(opt.knob, value)]):

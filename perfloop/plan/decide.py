@@ -210,9 +210,8 @@ def rank(optimizations: tuple[Optimization, ...], kernel_class: str, knobs: dict
     the kernel's tags where the entry gives one, else by the rank for its class."""
     out = []
     for order, opt in enumerate(optimizations):
-        tagged = any(t in opt.by_tag for t in tags)
-        if opt.id in tried or not all(k in knobs for k in opt.moves) or not (
-                tagged or kernel_class in opt.applies_to):
+        if opt.id in tried or not all(k in knobs for k in opt.moves) or not opt.offered_to(
+                tags, kernel_class):
             continue
         values = candidates_for(opt, knobs, overrides, space)
         if not values:
