@@ -7,7 +7,7 @@ import pytest
 from perfloop.contract.playbook import SHIPPED, load
 from perfloop.core.stats import Comparison
 from perfloop.core.vocab import StopReason
-from perfloop.plan import decide
+from perfloop.plan import decide, planner
 from perfloop.plan.decide import Evidence
 
 RULES = load(SHIPPED).rules
@@ -171,6 +171,18 @@ def test_an_entry_for_a_tag_alone_reaches_no_other_kernel_with_its_knobs():
         tiles = variants.domains(pb, knobs, spec.candidates, spec.tags)["tile"]
         assert ((128, 128) in tiles) == offered and all(len(t) == len(knobs["tile"])
                                                          for t in tiles), (name, tiles)
+
+        class Space:   # what a run's start reads restrict() over
+            seen: list = []
+
+            def moves_anywhere(self, knobs, changed):
+                return True
+
+            def why_not(self, changed):
+                self.seen.append(changed["tile"])
+
+        planner.check_space(pb.optimizations, knobs, spec.candidates, Space(), spec.tags)
+        assert ((128, 128) in Space.seen) == offered, (name, Space.seen)
 
 
 def test_candidates_exclude_the_current_value_and_honour_kernel_overrides():

@@ -148,12 +148,12 @@ def estimate(v: RunView, sg: decide.Suggestion, done: list[budget.Spent] | None 
                              screen_s_per_config=rules.screen_s_per_config)
 
 
-def check_space(optimizations, knobs: dict, candidates: dict, space) -> None:
+def check_space(optimizations, knobs: dict, candidates: dict, space, tags: tuple = ()) -> None:
     """Read the kernel's knob space (canonical(), restrict()) over every catalog candidate from
     the committed knobs, so a function that fails is refused in one line before a run starts,
-    not after its first experiment."""
+    not after its first experiment (only entries offered to a kernel with these tags)."""
     for opt in optimizations:
-        if all(k in knobs for k in opt.moves):
+        if all(k in knobs for k in opt.moves) and opt.offered_to(tags):
             decide.candidates_for(opt, knobs, candidates, space)
 
 

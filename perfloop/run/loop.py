@@ -104,8 +104,8 @@ def start(s: Session, new: bool = False) -> tuple[records.Experiment, str | None
                                          f"{s.folder_rel}/{kernel.MODULE}"), s.spec,
                       workload.held_out(s.spec, seed))
         planner.check_space(s.playbook.optimizations, s.spec.read_knobs(contract),
-                            s.spec.candidates,
-                            knobspace.space_for(contract))  # (likewise canonical(), restrict())
+                            s.spec.candidates, knobspace.space_for(contract),
+                            s.spec.tags)  # (likewise canonical(), restrict())
     previous = gitops.current_branch(s.repo)
     if existing is not None:
         recovery.set_aside(s, aside)
