@@ -87,6 +87,36 @@ def test_a_selection_pass_runs_from_its_groups_exports_while_they_hold_its_files
     assert fresh != first and snapshot.read_back(fresh) == files
 
 
+def test_ctrl_c_while_a_selection_pass_compiles_stops_its_warmers_and_timer(monkeypatch):
+    """A selection pass (judged before) waits for its warmers instead of a judge; a Ctrl-C
+    then stops them and the timer waiting for them, as it does while judging."""
+    from types import SimpleNamespace
+
+    from perfloop.measure import measurement, phases, process
+    from perfloop.measure.trial import Plan
+
+    done = []
+    monkeypatch.setattr(measurement, "_start_timer", lambda plan, place, waiting: "timer")
+    monkeypatch.setattr(phases, "start_warmers", lambda *a, **k: ["warmer"])
+
+    def interrupted(warmers, until):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(phases, "wait_warmers", interrupted)
+    monkeypatch.setattr(phases, "stop_warmers", lambda warmers: done.append(("stop", warmers)))
+    monkeypatch.setattr(phases, "abandon", lambda timer: done.append(("abandon", timer)))
+    monkeypatch.setattr(process, "kill_strays", lambda: done.append(("strays",)))
+    variant = {"label": "c0", "folder": "x", "knobs": {}}
+    plan = Plan(Kind.PLAYBOOK, 1, {**variant, "label": INCUMBENT}, {**variant, "label": CONTROL},
+                [variant], {}, [], "head", {}, SimpleNamespace(compile_processes=2), True, 0.0,
+                judge=False)
+    place = SimpleNamespace(pinned=SimpleNamespace(contract="c"), work="w", root="r", env={},
+                            confinement=None, cache=None)
+    with pytest.raises(KeyboardInterrupt):
+        measurement.measure(plan, place)
+    assert done == [("stop", ["warmer"]), ("abandon", "timer"), ("strays",)]
+
+
 # ---- the workers ------------------------------------------------------------------------
 @pytest.fixture
 def fleet(tmp_path):

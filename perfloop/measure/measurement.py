@@ -41,8 +41,14 @@ def measure(plan: Plan, place: Place, *, pool=None, waiting=None,
     if plan.judge:
         _judge(plan, place, out, timer, warmers, pool)
     else:   # (the warmers compile in parallel what the timer would build one by one)
-        phases.wait_warmers(warmers, until=plan.deadline)
-        process.kill_strays()
+        try:
+            phases.wait_warmers(warmers, until=plan.deadline)
+        except BaseException:   # Ctrl-C while they compile: they and the waiting timer go
+            phases.stop_warmers(warmers)
+            phases.abandon(timer)
+            raise
+        finally:
+            process.kill_strays()
         out.judged = judge.JudgeResult(detail="judged before, on another GPU")
         out.outcome = {v["label"]: (Outcome.OK, "") for v in plan.candidates}
     after_judge()
