@@ -21,11 +21,14 @@ def echo(job):
 def dies_once(job):
     """Ends its worker process the first time it runs (a GPU that fails, a node lost), then
     answers as echo does."""
-    marker = Path(job.data["marker"])
-    if not marker.exists():
-        marker.write_text(str(os.getpid()))
-        os._exit(1)
-    return echo(job)
+    # O_EXCL: two workers starting at once must not both see "first time" and both die.
+    try:
+        fd = os.open(job.data["marker"], os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return echo(job)
+    os.write(fd, str(os.getpid()).encode())
+    os.close(fd)
+    os._exit(1)
 
 
 def child_sleeps(job):
