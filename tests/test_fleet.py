@@ -139,7 +139,7 @@ def test_every_worker_says_where_it_runs(fleet):
     assert len({ident["pid"] for ident in fleet.workers.values()}) == 2
 
 
-def test_a_worker_lost_mid_experiment_costs_a_run_again_and_is_named(fleet, tmp_path):
+def test_a_worker_lost_mid_experiment_costs_a_run_again_and_is_named(fleet, tmp_path, caplog):
     from support import fleet_tasks
 
     from perfloop.fleet.driver import Remote
@@ -149,6 +149,8 @@ def test_a_worker_lost_mid_experiment_costs_a_run_again_and_is_named(fleet, tmp_
     results, lost = remote.run(jobs, fn=fleet_tasks.dies_once)
     assert [r["job"]["n"] for r in results] == [1, 2]
     assert len(lost) == 1 and lost[0]["worker"], lost
+    # named once, by the driver: not again in the scheduler's ERROR line on the terminal
+    assert not [r for r in caplog.records if cluster.LOST_WORKER in r.getMessage()]
 
 
 def test_ctrl_c_of_the_driver_stops_every_workers_children(fleet, tmp_path):

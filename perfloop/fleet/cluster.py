@@ -22,6 +22,22 @@ GPU_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
            "NVSHMEM_DISABLE_NVLS": "1"}
 CONNECT_S = 20.0
 QUIET = {"DASK_LOGGING__DISTRIBUTED": "error"}   # the workers' own chatter off the terminal
+# the scheduler's line for a worker lost under a task: the driver names the lost worker itself
+# (and after Ctrl-C or SIGTERM every worker goes, which is no error)
+LOST_WORKER = "workers died while trying to run it"
+
+
+class _SaidByTheDriver(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return LOST_WORKER not in record.getMessage()
+
+
+def quiet() -> None:
+    """Dask's loggers off: a fleet closing or stopped (Ctrl-C, SIGTERM) loses its workers and
+    comms on purpose, and perfloop says what happened in its own line."""
+    manager = logging.Logger.manager
+    for name in ["distributed", *[n for n in manager.loggerDict if n.startswith("distributed.")]]:
+        logging.getLogger(name).setLevel(logging.CRITICAL + 1)
 
 
 def require_dask():
@@ -93,6 +109,7 @@ class Fleet:
     gpu: bool = True                    # its workers each have one GPU
 
     def close(self) -> None:
+        quiet()
         try:
             self.client.close()
         finally:
@@ -115,6 +132,9 @@ def start(*, gpus: str | None = None, workers: int | None = None,
                      "distributed.worker.daemon": False,
                      "distributed.admin.system-monitor.gil.enabled": False,
                      "logging.distributed": "error"})
+    scheduler_log = logging.getLogger("distributed.scheduler")
+    if not any(isinstance(f, _SaidByTheDriver) for f in scheduler_log.filters):
+        scheduler_log.addFilter(_SaidByTheDriver())
     cluster = None
     if scheduler:
         try:

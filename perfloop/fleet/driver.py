@@ -9,7 +9,7 @@ import threading
 import time
 
 from perfloop.core.errors import UserError
-from perfloop.fleet import host
+from perfloop.fleet import cluster, host
 from perfloop.fleet import task as tasks
 from perfloop.measure.trial import Measured, Plan
 from perfloop.store import pinned
@@ -134,6 +134,7 @@ class Remote:
     def stop(self) -> None:
         """Stop every worker's children and every task of this fleet (Ctrl-C, SIGTERM)."""
         self.stopping.set()
+        cluster.quiet()
         try:
             from distributed import Event
 
