@@ -43,9 +43,8 @@ UNSET = ct.PaddingMode.UNDETERMINED   # an unchecked load takes no other (tileir
 APPROX = ct.RoundingMode.APPROX
 LOG2E = 1.0 / math.log(2.0)
 PERSISTENT_OCCUPANCY = 4  # blocks per SM of a persistent grid when occupancy is unset
-# A whole row in one tile is held in registers as float32: past 32768 columns it spills. On
-# an H100 (perfloop's device clock) bf16 1000 x 50304 as one 65536-column tile ran 533 us,
-# in 4096-column tiles 131 (Triton 100); fp32 2048 x 50304 1279 against 420 (Triton 417).
+# A whole row in one tile is held in registers as float32: past 32768 columns it spills
+# (kernels/softmax/NOTES.md).
 WHOLE_MAX = 32768
 WIDE_COLS = 4096
 SPLIT_COLS = 4096   # tile width of a row split across blocks (splits())
