@@ -152,3 +152,14 @@ def test_no_rounds_at_all_is_an_error_not_a_ratio():
         stats.compare([], [])
     with pytest.raises(ValueError):
         stats.summarize([])
+
+
+def test_the_keep_rule_has_one_home_the_decision_and_the_timer_read():
+    from perfloop.plan import decide
+
+    assert decide.real_gain is stats.real_gain
+    assert stats.real_gain(stats.Comparison(0.97, 0.95, 0.99))             # interval below 1
+    assert not stats.real_gain(stats.Comparison(0.97, 0.94, 1.002))        # it includes 1
+    assert not stats.real_gain(stats.Comparison(0.97, 0.95, 0.99, 0.04))   # within the noise
+    assert not stats.real_gain(stats.Comparison(0.997, 0.995, 0.999), min_gain=0.005)
+    assert not stats.real_gain(stats.Comparison(*[float("nan")] * 3))      # a lost round

@@ -77,6 +77,12 @@ def compare(incumbent_rounds: list[float], candidate_rounds: list[float],
     return Comparison(ratios.median, ratios.ci_low, ratios.ci_high, noise)
 
 
+def real_gain(c: Comparison, min_gain: float = 0.0) -> bool:
+    """The keep rule: a gain whose 95% interval excludes zero (the ratio's upper bound below 1)
+    and which exceeds the incumbent's own noise and the smallest gain the rules count."""
+    return c.ci_high < 1.0 and c.gain > max(c.noise, min_gain)
+
+
 def noise_of(control: Comparison) -> float:
     """The noise an A/A control shows: how far the same code's ratio strays from 1, or the
     half-width of its interval, whichever is larger."""

@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 from perfloop.core import dispatch_table, vocab
 from perfloop.contract.playbook import Classes, DecisionRules, Optimization, StopRules
-from perfloop.core.stats import Comparison, compare
+from perfloop.core.stats import Comparison, compare, real_gain  # (the keep rule, the timer's too)
 from perfloop.core.vocab import Correctness, Status, StopReason
 
 
@@ -44,12 +44,6 @@ class Verdict:
         object.__setattr__(self, "status", Status(self.status))
         object.__setattr__(self, "correctness", Correctness(self.correctness))
         object.__setattr__(self, "dropped_buckets", tuple(self.dropped_buckets))
-
-
-def real_gain(c: Comparison, min_gain: float = 0.0) -> bool:
-    """A gain whose interval excludes zero and which exceeds the incumbent's own noise and the
-    smallest gain the rules count."""
-    return c.ci_high < 1.0 and c.gain > max(c.noise, min_gain)
 
 
 def regression(c: Comparison, tolerance: float) -> bool:

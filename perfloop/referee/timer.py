@@ -827,10 +827,10 @@ class Timer:
 
 
 def may_gain(shapes: dict, candidates: list[str], min_gain: float = 0.0) -> bool:
-    """Whether some candidate's per-round ratio to the incumbent has its 95% interval below 1
-    and a gain above `min_gain` (the rules' smallest gain counted) at some shape timed so far:
-    a keep needs that at a benchmark shape (perfloop.plan.decide real_gain), so without it the
-    held-back shapes, which only guard a keep, are not timed."""
+    """Whether some candidate passes the keep rule (perfloop.core.stats real_gain, without the
+    A/A control's noise, so never stricter than the decision) against the incumbent at some
+    shape timed so far: a keep needs that at a benchmark shape, so without it the held-back
+    shapes, which only guard a keep, are not timed."""
     for shape in shapes.values():
         rounds = shape["rounds"]
         if INCUMBENT not in rounds:
@@ -840,8 +840,7 @@ def may_gain(shapes: dict, candidates: list[str], min_gain: float = 0.0) -> bool
             if label not in rounds or len(rounds[label]) != len(base):
                 continue
             ratio = stats.compare(base, [statistics.median(r) for r in rounds[label]])
-            # (NaN compares False: a lost batch proves nothing)
-            if ratio.ci_high < 1.0 and ratio.gain > min_gain:
+            if stats.real_gain(ratio, min_gain):   # (NaN: a lost batch proves nothing)
                 return True
     return False
 
