@@ -198,7 +198,7 @@ def test_classification_by_arithmetic_intensity(flops, cls):
 
 def test_selection_carries_the_fastest_candidate_that_loses_nowhere():
     from perfloop.core.vocab import INCUMBENT
-    from perfloop.referee.timer import _fastest
+    from perfloop.referee.selection import _fastest
 
     def shape(**medians):  # three rounds of one sample each
         return {"rounds": {label: [[m], [m], [m]] for label, m in medians.items()}}
@@ -248,7 +248,7 @@ def test_the_control_and_each_candidate_run_in_launchers_of_their_own(tmp_path):
             "shapes": [{"name": "s", "dims": [8], "dtype": "float32"}]}
     timer = Timer(spec)
     try:
-        pids = {label: launcher.proc.pid for label, launcher in timer.launchers.items()}
+        pids = {label: launcher.proc.pid for label, launcher in timer.roster.launchers.items()}
         # one per variant, and the timer's own empty one (it calibrates the bracket)
         assert set(pids) == {INCUMBENT, CONTROL, "candidate-0", "bracket"}
         assert len(set(pids.values())) == 4 and os.getpid() not in pids.values()
@@ -262,15 +262,15 @@ def test_the_bracket_comes_off_every_variant_alike_or_off_none():
     variant's time is shortened alone."""
     from types import SimpleNamespace
 
-    from perfloop.referee.timer import CHECKS_PER_BATCH, Timer
+    from perfloop.referee.shape_timing import CHECKS_PER_BATCH, ShapeTimer
 
     shape, n = SimpleNamespace(name="s"), 10
     timer = SimpleNamespace(simulated=None, unverified=set(),
                             overhead={("s", CHECKS_PER_BATCH): 1.0})   # 0.1 ms per launch
     clear = {"incumbent": [[0.5, 0.6]], "candidate-0": [[0.3, float("nan")]]}
-    out, subtracted = Timer._bracketed(timer, clear, shape, n)
+    out, subtracted = ShapeTimer._bracketed(timer, clear, shape, n)
     assert subtracted and out["incumbent"] == [[0.4, 0.5]]
     assert abs(out["candidate-0"][0][0] - 0.2) < 1e-12
     close = {"incumbent": [[0.5]], "candidate-0": [[0.15]]}   # under twice the bracket
-    out, subtracted = Timer._bracketed(timer, close, shape, n)
+    out, subtracted = ShapeTimer._bracketed(timer, close, shape, n)
     assert not subtracted and out == close

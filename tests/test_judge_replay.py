@@ -194,39 +194,47 @@ def test_a_case_file_changed_after_the_reference_pass_is_refused(reference_pass,
         replay.load(where, variants)
 
 
-def test_each_verified_variant_replays_once_between_shapes_of_the_first_pass(monkeypatch):
+def test_each_verified_variant_replays_once_between_shapes_of_the_first_pass(monkeypatch,
+                                                                              tmp_path):
     """Never inside a timed batch (a shape's timing runs whole between two replays), never in
     the selection pass, and the control and torch variants (outputs unchecked) not at all."""
+    import json
+    import random
+    from types import SimpleNamespace
+
+    from perfloop.referee import launchers, selection
     from perfloop.referee import timer as worker
 
+    labels = ["incumbent", "incumbent-again", "a", "b"]
+    (tmp_path / "go.json").write_text(json.dumps({"labels": labels, "replay": {"path": "x"}}))
     w = worker.Timer.__new__(worker.Timer)
-    w.settings = Measure(rounds=3, round_ms=5, warmup_ms=20, min_reps=3, max_reps=5)
-    w.failed, w.cliffed, w.gpu, w.simulated = {}, {}, False, None
-    w.labels = ["incumbent", "incumbent-again", "a", "b"]
-    w.unverified = {"incumbent", "incumbent-again"}
-    w.launchers = {label: object() for label in w.labels}
     w.spec = {"shapes": [{"name": f"s{i}", "dims": [8], "dtype": "float32"} for i in range(3)],
-              "variants": [{"label": x} for x in w.labels]}
-    import random
-
-    w.rng = random.Random(1)
-    cases = {label: [object()] for label in w.labels}
-    monkeypatch.setattr(replay, "load", lambda where, variants: dict(cases))
-    w._plan_replay({"path": "x", "digest": "y"})
-    assert set(w.replays) == {"a", "b"}
+              "variants": [{"label": x} for x in labels], "go": str(tmp_path / "go.json")}
+    w.settings = Measure(rounds=3, round_ms=5, warmup_ms=20, min_reps=3, max_reps=5)
+    w.roster = launchers.Roster.__new__(launchers.Roster)
+    w.roster.spec, w.roster.failed = w.spec, {}
+    w.roster.launchers = {label: object() for label in labels}
     seen = []
-    monkeypatch.setattr(w, "_replay", lambda label, c: seen.append(("replay", label)))
 
     def time_shape(shape, labels, seed, index, settings):
         seen.append(("shape", shape.name))
         return {"rounds": {label: [[1.0]] for label in labels}}
 
-    monkeypatch.setattr(w, "_time_shape", time_shape)
-    w.time_pass(w.labels, 0)
+    w.shapes = SimpleNamespace(unverified={"incumbent", "incumbent-again"},
+                               time_shape=time_shape)
+    w.replays = replay.Replays(w.roster, launchers.WallClock(), random.Random(1),
+                               lambda *a, **k: None)
+    cases = {label: [object()] for label in labels}
+    monkeypatch.setattr(replay, "load", lambda where, variants: dict(cases))
+    w.wait_for_go()
+    assert set(w.replays.pending) == {"a", "b"}
+    monkeypatch.setattr(w.replays, "replay", lambda label, c: seen.append(("replay", label)))
+    passes = selection.Selection(w.spec, w.settings, w.release, w.roster, w.shapes, w.replays)
+    passes.time_pass(labels, 0)
     first = list(seen)
-    w.time_pass(w.labels, 1)
+    passes.time_pass(labels, 1)
     assert sorted(x for x in first if x[0] == "replay") == [("replay", "a"), ("replay", "b")]
     assert all(x[0] == "shape" for x in seen[len(first):])   # none in the second pass
     for label in ("a", "b"):                  # before shape number `spot`, or after the last
         at = first.index(("replay", label))
-        assert sum(x[0] == "shape" for x in first[:at]) == w.replay_spots[label]
+        assert sum(x[0] == "shape" for x in first[:at]) == w.replays.spots[label]

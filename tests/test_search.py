@@ -1002,7 +1002,7 @@ def test_a_candidate_far_slower_in_warm_up_is_dropped_after_two_runs():
 def test_a_launch_shorter_than_the_timers_bracket_sets_no_cliff_by_its_ratio():
     # a warm-up is one launch less an empty batch's time; at a few microseconds (SwiGLU's
     # fp16 8 x 4096 on an H200) that difference read an honest edit 4.0x, and it was dropped
-    from perfloop.referee.timer import cliff_bound
+    from perfloop.referee.shape_timing import cliff_bound
 
     assert cliff_bound(4.0, 0.5, 0.01) == 2.0               # a launch longer than the bracket
     assert cliff_bound(4.0, 0.003, 0.012) == 4.0 * 0.012    # shorter: 4x the bracket's time
@@ -1011,7 +1011,7 @@ def test_a_launch_shorter_than_the_timers_bracket_sets_no_cliff_by_its_ratio():
 
 
 def test_a_short_pad_grows_to_what_the_batch_needed_at_most_fourfold():
-    from perfloop.referee.timer import longer_pad
+    from perfloop.referee.shape_timing import longer_pad
 
     assert longer_pad(200.0, 300.0) == 400.0        # doubled at least
     assert longer_pad(200.0, 480.0) == 600.0        # what it needed, with a quarter to spare
@@ -1465,19 +1465,17 @@ def test_the_chosen_candidate_is_re_timed_without_the_cliff_drop(monkeypatch):
     # On an H100 a softmax candidate ran 1.26x the incumbent's time at one shape in the first
     # pass, then showed a 9.7x warm-up there when re-timed; dropped as a cliff, it left the
     # experiment with nothing timed (recorded as a crash). The re-timing pass has no cliff drop.
-    from perfloop.referee import timer as worker
+    import random
+    from types import SimpleNamespace
 
-    w = worker.Timer.__new__(worker.Timer)
-    w.settings = Measure(rounds=3, round_ms=5, warmup_ms=20, min_reps=3, max_reps=5, cliff_ratio=4)
-    w.failed, w.cliffed, w.select, w.gpu, w.simulated = {}, {}, True, False, None
-    w.labels = ["incumbent", "incumbent-again", "a", "b"]
-    w.launchers = {label: object() for label in w.labels}
-    w.clock = FakeClock()
-    w.clock.describe = lambda: {"clock": "fake"}
-    w.spec = {"shapes": [{"name": "head", "dims": [8], "dtype": "float32"},
-                         {"name": "guard", "dims": [8], "dtype": "float32"}],
-              "headline": "head", "variants": [{"label": x} for x in
-                                                ("incumbent", "incumbent-again", "a", "b")]}
+    from perfloop.referee import launchers, replay, selection
+
+    labels = ["incumbent", "incumbent-again", "a", "b"]
+    crew = launchers.Roster.__new__(launchers.Roster)
+    crew.failed, crew.launchers = {}, {label: object() for label in labels}
+    spec = {"shapes": [{"name": "head", "dims": [8], "dtype": "float32"},
+                       {"name": "guard", "dims": [8], "dtype": "float32"}],
+            "headline": "head", "variants": [{"label": x} for x in labels]}
     seen = []
     ms = {"incumbent": 1.0, "incumbent-again": 1.0, "a": 0.9, "b": 0.95}
 
@@ -1485,8 +1483,15 @@ def test_the_chosen_candidate_is_re_timed_without_the_cliff_drop(monkeypatch):
         seen.append((shape.name, tuple(labels), settings.cliff_ratio))
         return {"rounds": {label: [[ms[label]] * 3] * 3 for label in labels}}
 
-    monkeypatch.setattr(w, "_time_shape", time_shape)
-    monkeypatch.setattr(worker.envinfo, "capture", lambda gpu: {})
+    clock = FakeClock()
+    clock.describe = lambda: {"clock": "fake"}
+    shapes = SimpleNamespace(time_shape=time_shape, cliffed={}, gpu=False, simulated=None,
+                             clock=clock, ceilings=None)
+    replays = replay.Replays(crew, launchers.WallClock(), random.Random(1), lambda *a, **k: None)
+    settings = Measure(rounds=3, round_ms=5, warmup_ms=20, min_reps=3, max_reps=5, cliff_ratio=4)
+    w = selection.Selection(spec, settings, launchers.Release(labels, True, None), crew, shapes,
+                            replays)
+    monkeypatch.setattr(selection.envinfo, "capture", lambda gpu: {})
     result = w.run()
     assert result["best"] == "a" and len(result["passes"]) == 2
     first = [s for s in seen if "b" in s[1]]

@@ -502,7 +502,7 @@ def test_a_candidate_faster_nowhere_is_not_timed_at_the_held_out_shapes(scratch)
 
 
 def test_held_out_shapes_are_timed_when_a_candidate_may_gain_somewhere():
-    from perfloop.referee.timer import may_gain
+    from perfloop.referee.selection import may_gain
 
     def shape(inc, cand):
         return {"rounds": {"incumbent": [[t] for t in inc], "candidate-0": [[t] for t in cand]}}

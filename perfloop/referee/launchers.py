@@ -1,18 +1,25 @@
-"""The trusted timer's handles on its launchers (perfloop.child.launcher), one process per
-variant, and the clocks that time their batches from outside.
+"""The trusted timer's launchers (perfloop.child.launcher), one process per variant: the
+handle on each (Launcher), those of one run (Roster), and the clocks that time their batches
+from outside.
 
 Each launcher is forked from the timer before the timer initializes CUDA, imports the contract
 or draws anything (so it starts with torch imported, and with nothing it could predict), then
 becomes a process of its own: a session of its own, only its own pipes and log open, its own
-environment, confined (perfloop.isolation.sandbox). A launcher runs only while it is its turn: the timer continues it (SIGCONT), asks for a batch,
-and stops it (SIGSTOP) once the batch is timed, so between turns its host code cannot launch
-work, write, or read what the timer does next.
+environment, confined (perfloop.isolation.sandbox). A launcher runs only while it is its turn:
+the timer continues it (SIGCONT), asks for a batch, and stops it (SIGSTOP) once the batch is
+timed, so between turns its host code cannot launch work, write, or read what the timer does
+next. A turn is every task a launcher runs, timed or not: before it, strays are killed, every
+other launcher is stopped for good and the launcher's processes are set back to the timer's
+own scheduling (perfloop.referee.scheduling); after it, the launcher has raised neither its
+own scheduling nor changed the timer's. A launcher that fails is dropped with the reason.
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -20,12 +27,17 @@ import tempfile
 import time
 import traceback
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from perfloop.isolation import childlog, spawn
+from perfloop.contract.kernel import code_digest
+from perfloop.core.vocab import CONTROL, INCUMBENT, Outcome
+from perfloop.isolation import childlog, gpu_ipc, spawn
 from perfloop.isolation.channel import NO_ANSWER, Channel, Closed
+from perfloop.isolation.sandbox import Confinement, kernel_env, linked_cache
+from perfloop.referee import scheduling
 
 
 class LauncherFailed(Exception):
@@ -259,6 +271,229 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
+# ---- the launchers of one run ----------------------------------------------------------------
+# the launcher whose empty batches give the bracket's own time, subtracted from every batch
+# alike: it runs no variant's code, so no variant's turns tell it apart, and work a stopped
+# launcher keeps doing enters no variant's calibration (a candidate-only one once read 12.3 ms
+# for 0.25 while a stopped group worked in the kernel)
+BRACKET = "bracket"
+
+
+@dataclass(frozen=True)
+class Release:
+    """The parent's go: the variants that passed the judge (of those built, or failed here),
+    whether to select among the candidates, and where the judge's cases to replay are."""
+
+    labels: list[str]
+    select: bool
+    replay: dict | None
+
+
+class Roster:
+    def __init__(self, spec: dict, progress: Callable[..., None]):
+        """Forks one launcher per variant, and the empty one: first, before the timer imports
+        the contract or draws anything; `start` builds them."""
+        self.spec, self.progress = spec, progress
+        self.failed: dict[str, dict] = {}  # label -> {reason, kind}
+        self.reply_s = float(spec.get("reply_timeout_s", 300))
+        childlog.configure(float(spec.get("log_cap_mb", childlog.DEFAULT_CAP_MB)))  # (launchers)
+        self.own = own_helpers()   # before any kernel code exists
+        self.sched = scheduling.own()  # what every timed batch runs with
+        self.launchers: dict[str, Launcher] = {}   # built and not dropped (start fills it)
+        self._forked = self._fork(spec["variants"])
+
+    def start(self, device: str) -> None:
+        """Every launcher built, side by side; the timer's own scheduling and limits checked."""
+        # the timer's own limits, checked after every turn; every launcher runs kernel code
+        # from here on (they build side by side), so a change now cannot be laid at one's door
+        self.limits = scheduling.own_limits()
+        self.launchers = self._start(self.spec["variants"], self._forked, device)
+        changed = scheduling.restore_own(self.sched, self.limits)
+        if changed:
+            raise LauncherFailed(BRACKET, f"the trusted timer's {changed[0]} changed while the "
+                                          "variants were built: nothing can be timed fairly")
+        if BRACKET not in self.launchers:
+            raise LauncherFailed(BRACKET, self.failed.get(BRACKET, {}).get(
+                "reason", "the timer's own empty launcher could not be built"))
+
+    def _launcher_env(self, v: dict, folder: Path) -> dict:
+        """A launcher's environment (perfloop.isolation.sandbox): it writes only its folder (with
+        its code's compile cache), and reads only the code it runs (its variant's export; the
+        contract for PyTorch's own launches), whatever its role."""
+        conf = self.spec.get("confinement") or {}
+        code = v.get("folder") or (self.spec["contract_folder"] if v.get("torch") else None)
+        env = dict(os.environ)
+        if code:
+            shared = Path(self.spec.get("cache", folder.parent)) / code_digest(Path(code))
+            env["CUDA_TILE_CACHE_DIR"] = linked_cache(folder, shared)
+        confinement = Confinement(conf.get("mode", "off"), (str(code),) if code else ())
+        return kernel_env(env, folder, self.spec["root"], confinement)
+
+    def _fork(self, variants: list[dict]) -> dict:
+        """One launcher per variant and the empty one, forked in a random order (an order
+        drawn from the system, not from a generator the launchers would inherit), each in a
+        folder of a random name with its log there: nothing of a launcher's process names
+        its role."""
+        import torch  # noqa: F401 (each launcher starts with it imported)
+
+        work = Path(self.spec["progress"]).parent
+        every = [*variants, {"label": BRACKET, "torch": None, "folder": None}]
+        out = {}
+        for v in random.SystemRandom().sample(every, len(every)):
+            folder = work / f"k-{os.urandom(6).hex()}"
+            folder.mkdir(parents=True)
+            out[v["label"]] = Launcher(v["label"], cwd=folder, env=self._launcher_env(v, folder),
+                                       log=folder / "launcher.log", reply_s=self.reply_s)
+        return out
+
+    def _start(self, variants: list[dict], out: dict, device: str) -> dict:
+        setups = {}
+        for v in [*variants, {"label": BRACKET, "empty": True}]:
+            label = v["label"]
+            kind = "empty" if v.get("empty") else v.get("torch") or "kernel"
+            setup = {"device": device, "kind": kind, "folder": v.get("folder"),
+                     "knobs": v.get("knobs", {}), "contract_folder": self.spec["contract_folder"]}
+            if device == "cuda":
+                events = (gpu_ipc.IpcEvent(), gpu_ipc.IpcEvent())
+                setup["events"] = {"go": events[0].handle(), "done": events[1].handle()}
+                setup["events_objects"] = events
+            setups[label] = setup
+            self.progress(label, "build")
+        for step in ("configure", "built"):  # (every launcher builds while the others do)
+            for label, launcher in list(out.items()):
+                try:
+                    if step == "configure":
+                        launcher.configure(setups[label])
+                    else:
+                        launcher.built(self.spec.get("build_timeout_s", 3600))
+                except LauncherFailed as exc:
+                    self.fail(label, exc.reason, Outcome.CRASH)
+                    launcher.kill()
+                    del out[label]
+        return out
+
+    def go(self) -> Release:
+        """Wait until the parent names the variants that passed the judge; the others'
+        launchers are killed."""
+        go = Path(self.spec["go"])
+        while not go.exists():
+            time.sleep(0.02)
+        release = json.loads(go.read_text())
+        labels = [label for label in release["labels"]
+                  if label in self.launchers or label in self.failed]
+        for label in list(self.launchers):
+            if label not in labels and label != BRACKET:
+                self.launchers.pop(label).kill()
+        return Release(labels, release.get("select", False), release.get("replay"))
+
+    def fail(self, label: str, reason: str, kind: str = Outcome.FAIL) -> None:
+        self.failed.setdefault(label, {"reason": reason, "kind": kind})
+        launcher = self.launchers.get(label)
+        if launcher is not None and kind != Outcome.FAIL:
+            launcher.kill()
+
+    def lost(self, exc: LauncherFailed) -> None:
+        """A launcher crashed, hung or raised: dropped; without the incumbent (or the empty
+        launcher that calibrates the bracket), nothing compares."""
+        self.progress(exc.label, "failed", reason=exc.reason)
+        if exc.label in (INCUMBENT, CONTROL, BRACKET):
+            raise exc
+        self.fail(exc.label, exc.reason, Outcome.CRASH)
+        launcher = self.launchers.pop(exc.label, None)
+        if launcher is not None:
+            launcher.kill()
+
+    def active(self, labels: list[str]) -> list[str]:
+        return [label for label in labels if label not in self.failed and label in self.launchers]
+
+    # ---- turns ----------------------------------------------------------------------------
+    def _sweep(self) -> dict[int, list[int]]:
+        """Between turns no process runs below the timer but its launchers and their groups
+        (stopped with them): whatever kernel code started in a session of its own (a daemon
+        comes back here: the timer is a subreaper) is killed before another variant's turn.
+        Returns the processes of each launcher's group, by group."""
+        groups: dict[int, list[int]] = {launcher.proc.pid: []
+                                        for launcher in self.launchers.values()}
+        table = spawn.process_table()
+        for pid in spawn.descendants_in(table, os.getpid()):
+            # a launcher's own group is stopped with it between turns; the timer's own helpers
+            # (torch's shared-memory manager) were there before any kernel code
+            if table[pid].group in groups:
+                groups[table[pid].group].append(pid)
+                continue
+            if pid in self.own:
+                continue
+            try:
+                os.kill(pid, 9)
+            except (ProcessLookupError, PermissionError):
+                pass
+        return groups
+
+    def turn(self, label: str) -> list[int]:
+        """Before a launcher's batch: strays killed, every other launcher stopped for good (a
+        thread still working in the kernel is waited for), and its processes set back to the
+        timer's own scheduling (perfloop.referee.scheduling), which another launcher may have
+        changed. Returns its processes."""
+        launcher = self.launchers[label]
+        groups = self._sweep()
+        self._others_stopped(groups, launcher.proc.pid)
+        mine = groups.get(launcher.proc.pid) or [launcher.proc.pid]
+        failed = scheduling.reset(mine, self.sched)
+        if failed:
+            raise LauncherFailed(label, "its scheduling was changed and could not be set back "
+                                        f"({failed[0]}): no batch of it can be timed fairly")
+        return mine
+
+    def _others_stopped(self, groups: dict[int, list[int]], running: int) -> None:
+        """Wait until no thread of another launcher's group runs: a stopped process still
+        finishes the system call it is in (madvise over 1.5 GiB took seconds), beside the
+        next batch. A launcher that keeps working past the grace is dropped."""
+        others = {pid: pids for pid, pids in groups.items() if pid != running}
+        busy = scheduling.busy_until_stopped([p for pids in others.values() for p in pids],
+                                             scheduling.STOP_GRACE_S)
+        for label, launcher in list(self.launchers.items()):
+            if set(others.get(launcher.proc.pid, ())) & set(busy):
+                self.lost(LauncherFailed(label, "kept working while stopped (a thread in "
+                                                "the kernel past its turn, "
+                                                f"{scheduling.STOP_GRACE_S:.0f} s)"))
+
+    def ask(self, label: str, message: dict, **how) -> dict:
+        """A launcher's task other than a timed batch (its slots, its first launch): a turn as
+        a batch is, since its process runs meanwhile."""
+        mine = self.turn(label)
+        answer = self.launchers[label].ask(message, **how)
+        self.after_turn(label, mine)
+        return answer
+
+    def after_turn(self, label: str, mine: list[int]) -> None:
+        """After a launcher's batch: it did not raise its own scheduling, and left the timer's
+        own (its priority, autogroup, CPUs, resource limits: any process of its user may
+        change them, and only this launcher ran) as they were, or set back here."""
+        gained = scheduling.gained(mine, self.sched)
+        if gained:
+            raise LauncherFailed(label, f"changed its own scheduling while timed: {gained[0]}")
+        changed = scheduling.restore_own(self.sched, self.limits)
+        if changed:
+            raise LauncherFailed(label, f"changed the trusted timer's {changed[0]} while timed")
+
+    def close(self) -> None:
+        for launcher in self.launchers.values():
+            launcher.kill()
+        spawn.kill_descendants(spare=self.own)  # torch's manager may serve a process after us
+
+
+def own_helpers() -> set[int]:
+    """The processes the timer itself runs below it: torch's shared-memory manager, started
+    here by sharing a first tensor, before any launcher."""
+    import torch
+    import torch.multiprocessing
+
+    torch.multiprocessing.set_sharing_strategy("file_system")
+    torch.zeros(1).share_memory_()
+    return set(spawn.descendants())
+
+
+# ---- the clocks ------------------------------------------------------------------------------
 @dataclass
 class Batch:
     """One timed batch: its time (ms, all launches), the copies of its checked slots, what the

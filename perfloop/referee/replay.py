@@ -12,12 +12,16 @@ happens in the timer, at the case's tolerance.
 from __future__ import annotations
 
 import io
+import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from perfloop.contract import judge_replay, outputs
 from perfloop.core import plainfile
 from perfloop.core.atomic import digest
+from perfloop.referee.launchers import GpuClock, LauncherFailed, Roster, WallClock
+from perfloop.referee.slots import describe_mismatch
 
 LIMIT = 2 * judge_replay.CAP_BYTES + (16 << 20)   # the cases and torch.save's framing
 
@@ -106,3 +110,85 @@ def load(where: dict, variants: list[dict]) -> dict[str, list[Case]]:
         raise
     except Exception as exc:  # (plain data of another shape than the reference pass writes)
         raise Unreadable(f"not the reference pass's cases ({type(exc).__name__})") from None
+
+
+class Replays:
+    """Each verified variant's judge cases, planned at the go and replayed during the first
+    pass: before a shape drawn at random, or after the last one."""
+
+    def __init__(self, roster: Roster, clock: GpuClock | WallClock, rng: random.Random,
+                 progress: Callable[..., None]):
+        self.roster, self.clock, self.rng, self.progress = roster, clock, rng, progress
+        self.gpu = isinstance(clock, GpuClock)
+        self.pending: dict[str, list[Case]] = {}   # label -> its cases not replayed yet
+        self.spots: dict[str, int] = {}    # label -> the shape index its replay runs before
+        self.replayed: dict[str, int] = {}   # label -> how many of its cases were replayed
+
+    def plan(self, where: dict | None, verified: list[str], variants: list[dict],
+             shapes: int) -> None:
+        """The cases of the `verified` labels, each set to run before one of `shapes` shapes
+        or after the last."""
+        self.pending, self.spots, self.replayed = {}, {}, {}
+        if not where:
+            return
+        try:
+            self.pending = load(where, variants)
+        except Unreadable as exc:
+            for label in verified:
+                self.roster.fail(label, f"the judge's cases could not be replayed: {exc}")
+            return
+        self.pending = {k: v for k, v in self.pending.items() if k in verified}
+        self.spots = {label: self.rng.randrange(shapes + 1) for label in self.pending}
+
+    def due(self, index: int | None, labels: list[str]) -> None:
+        """The replays planned before shape `index` of the pass (None: every one left)."""
+        for label in labels:
+            if label in self.pending and (index is None or self.spots[label] == index):
+                self.replay(label, self.pending.pop(label))
+
+    def replay(self, label: str, cases: list[Case]) -> None:
+        """One untimed batch of the variant's judge cases in its launcher: shared as slots
+        are, outputs poisoned, launched as a timed batch is, then compared here."""
+        if label not in self.roster.active([label]):
+            return
+        from multiprocessing.reduction import ForkingPickler
+
+        self.progress(label, "replay", cases=len(cases))
+        launcher = self.roster.launchers[label]
+        try:
+            buffers = [case.buffers(self.gpu) for case in cases]
+        except Unreadable as exc:
+            self.roster.fail(label, f"the judge's cases could not be replayed: {exc}")
+            return
+        copy = lambda: [outputs.clone(out) for _, out, _ in buffers]  # noqa: E731
+        try:
+            self.roster.ask(label, {"op": "slots", "slots": buffers},
+                            pickler=ForkingPickler.dumps)
+            mine = self.roster.turn(label)
+            for _, out, _ in buffers:
+                outputs.poison(out, self.rng)
+            if isinstance(self.clock, GpuClock):
+                batch = self.clock.batch(launcher, len(buffers), copy, 200.0,
+                                         self.roster.reply_s)
+            else:
+                batch = self.clock.batch(launcher, len(buffers), copy)
+            self.roster.after_turn(label, mine)
+            self.roster.ask(label, {"op": "slots", "slots": []})
+        except LauncherFailed as exc:
+            self.roster.lost(LauncherFailed(label, f"{exc.reason} (replaying the judge's cases)"))
+            return
+        finally:
+            del buffers
+            if self.gpu:
+                import torch
+
+                torch.cuda.ipc_collect()
+        self.replayed[label] = len(cases)
+        for case, got in zip(cases, batch.copies):
+            result = case.compare(got)
+            if not result["passed"]:
+                self.roster.fail(label, f"replayed judge case {case.name} differs from the "
+                                        f"judge's expected value ({describe_mismatch(result)}): "
+                                        "launched where no pytest runs, it computed another "
+                                        "output")
+                return

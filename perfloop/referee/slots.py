@@ -118,3 +118,13 @@ class Slots:
         """What one slot holds, in bytes (its tensors)."""
         return sum(leaf.numel() * leaf.element_size()
                    for leaf in outputs.leaves(self.buffers[0]) if hasattr(leaf, "numel"))
+
+
+def describe_mismatch(failure: dict) -> str:
+    """One line for a failed check (outputs.compare's result, or a judge case's)."""
+    if failure.get("error"):
+        return failure["error"]
+    which = f"output {failure['output']}: " if "output" in failure else ""
+    return (f"{which}{failure['non_finite']} non-finite, {failure['outside_tolerance']} outside "
+            f"atol={failure['atol']} rtol={failure['rtol']}, relative error "
+            f"{failure['rel_err']:.3g}")
