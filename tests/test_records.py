@@ -1,5 +1,6 @@
-"""The record's types: one reader and one writer for every line of experiments.jsonl, a line
-written before the types existed loading and writing back unchanged, and one-line errors."""
+"""The record's types: one reader and one writer for every line of experiments.jsonl, lines
+written before the types existed (93a61bb) and before the timing in them had types (4df2488)
+loading and writing back unchanged, and one-line errors."""
 
 import json
 from pathlib import Path
@@ -11,6 +12,8 @@ from perfloop.core.vocab import Correctness, Kind, Outcome, Status
 from perfloop.store import records
 
 LEGACY = Path(__file__).resolve().parent / "legacy" / "experiments.jsonl"
+# written by 4df2488, before a line's timing had types
+TIMED = LEGACY.with_name("experiments-4df2488.jsonl")
 
 
 def legacy_lines() -> list[str]:
@@ -43,14 +46,24 @@ def test_a_record_written_before_the_types_loads_typed():
     assert confirmation.shapes["head"]["speedup"] > 1 and confirmation.wall_s > 0
 
 
-def test_every_line_written_back_is_the_same_line(tmp_path):
-    lines = legacy_lines()
-    for line, record in zip(lines, records.load(LEGACY), strict=True):
+def test_a_record_written_by_4df2488_loads():
+    *experiments, confirmation = records.load(TIMED)
+    assert isinstance(confirmation, records.Confirmation)
+    assert [r.optimization for r in experiments] == [
+        "baseline", "fast_math", "inject_wrong", "tile_shape", "dispatch", "occupancy",
+        "inject_crash", "persistent", "joint", "bucket-joint"]
+    assert [r.iteration for r in experiments if r.timing is None] == [2]   # judged wrong
+
+
+@pytest.mark.parametrize("path", [LEGACY, TIMED], ids=["93a61bb", "4df2488"])
+def test_every_line_written_back_is_the_same_line(tmp_path, path):
+    lines = path.read_text().splitlines()
+    for line, record in zip(lines, records.load(path), strict=True):
         assert record.to_dict() == json.loads(line)
     out = tmp_path / "experiments.jsonl"
-    for record in records.load(LEGACY):
+    for record in records.load(path):
         records.append(out, record)
-    assert out.read_text() == LEGACY.read_text()   # byte for byte
+    assert out.read_text() == path.read_text()   # byte for byte
 
 
 def test_keys_this_perfloop_does_not_know_survive_a_round_trip():
