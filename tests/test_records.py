@@ -42,7 +42,9 @@ def test_a_record_written_before_the_types_loads_typed():
     outcomes = {o["outcome"] for r in experiments for o in r.outcomes.values()}
     assert outcomes == {"ok", "fail", "crash", "slow", "screened"} <= set(Outcome)
     joint = experiments[-1]
-    assert {"sampler", "screening", "candidates", "incumbent_value"} <= set(joint.extra)
+    assert joint.sampler == {"chosen": 18, "name": "all", "space": 18}
+    assert joint.screening["shape"] == "head" and joint.every_bucket is None
+    assert {"candidates", "incumbent_value"} <= set(joint.extra)
     assert confirmation.shapes["head"]["speedup"] > 1 and confirmation.wall_s > 0
 
 
@@ -73,6 +75,16 @@ def test_keys_this_perfloop_does_not_know_survive_a_round_trip():
     assert record.extra["added_later"] == {"nested": [1, 2]} and record.to_dict() == raw
     confirmation = {**json.loads(legacy_lines()[-1]), "error": None, "detail": "x"}
     assert records.from_dict(confirmation).to_dict() == confirmation   # a null stays a null
+
+
+def test_a_key_only_some_lines_hold_is_typed_and_left_out_where_it_was():
+    raw = json.loads(legacy_lines()[1])   # a one-knob step: no sampler, screening, every_bucket
+    record = records.from_dict(raw)
+    assert record.incumbent_before == raw["incumbent_before"]
+    assert record.sampler is record.screening is record.every_bucket is None
+    assert record.to_dict() == raw          # (not written back as nulls)
+    nulls = {**raw, "sampler": None, "every_bucket": None}
+    assert records.from_dict(nulls).to_dict() == nulls   # and a null stays a null
 
 
 def _broken(change: dict, drop: str | None = None) -> dict:

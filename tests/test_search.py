@@ -865,7 +865,7 @@ def test_a_records_time_is_split_into_screening_and_the_rest():
         phases_s = {"screen_compile": 15.0, "screen": 40.0, "correctness": 30.0}
         outcomes = {f"c{i}": {"outcome": "screened" if i >= 4 else "ok"} for i in range(30)}
         timing = {"shapes": {}}
-        extra = {"screening": {"shape": "guard", "ratios": {}}}
+        screening = {"shape": "guard", "ratios": {}}
 
     got = budget.spent(Rec())   # (the screening's compiles are a part of its 40 s)
     assert got == budget.Spent(budget.JOINT, 100.0, timed=4, screened=30, screen_s=40.0)
@@ -873,7 +873,7 @@ def test_a_records_time_is_split_into_screening_and_the_rest():
     # cliffs dropped while screening: the finalists were still timed to the end
     Rec.outcomes = {**Rec.outcomes, "c4": {"outcome": "slow"}, "c5": {"outcome": "slow"}}
     assert budget.spent(Rec()) == got and got.reference
-    Rec.extra = {}   # screening that failed measured no rate
+    Rec.screening = None   # screening that failed measured no rate
     assert not budget.spent(Rec()).reference   # a step with a cliff-dropped candidate
     Rec.outcomes = {f"c{i}": {"outcome": "screened" if i >= 4 else "ok"} for i in range(30)}
     assert budget.spent(Rec()).screened == 0 and budget.spent(Rec()).rest_s == 100.0

@@ -46,7 +46,7 @@ def spent(rec) -> Spent:
     """A record's (records.Experiment's) wall time, split as the estimates need it."""
     outcomes = [o.get("outcome") for o in (rec.outcomes or {}).values()]
     screen_s = rec.phases_s.get("screen", 0.0)  # (screen_compile is a part of it)
-    screening = bool(rec.extra.get("screening"))
+    screening = bool(rec.screening)
     screened = len(outcomes) if screening else 0
     # a screened search drops its cliffs while screening (in screen_s) and times its finalists
     # to the end: a reference for the next (estimated from a step instead, a search did not

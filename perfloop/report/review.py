@@ -105,7 +105,7 @@ def agent_edits(recs: list[Experiment], diffs: dict[int, str | None],
         out.append({"iteration": record.iteration, "describe": record.describe,
                     "status": record.status, "gain": record.gain, "reason": record.reason,
                     "commit": record.commit,
-                    "incumbent_before": record.extra.get("incumbent_before"),
+                    "incumbent_before": record.incumbent_before,
                     "ref": record.ref, "show": f"git show {record.ref}", "diff": shown,
                     "diff_lines_left_out": left,
                     "note": edit_note(record.ref, text, left)})

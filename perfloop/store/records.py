@@ -32,7 +32,8 @@ ANY = (object,)
 
 class _Record:
     """from_dict / to_dict over a dataclass whose fields say their JSON types in metadata:
-    `types` (a tuple), `enum` (a StrEnum the value must belong to), `required`."""
+    `types` (a tuple), `enum` (a StrEnum the value must belong to), `required`, `nulls`
+    (whether None is written, default NULLS_WRITTEN)."""
 
     # an optional field that is None: written as null (every experiment line has always
     # held every field), or left out (a confirmation's fields that only some lines have)
@@ -54,7 +55,7 @@ class _Record:
                 continue
             value = raw[f.name]
             if value is None and not meta["required"]:
-                if not cls.NULLS_WRITTEN:
+                if not cls._nulls(meta):
                     continue  # (stays in extra: written back as it was)
             elif not isinstance(value, meta["types"]) or (  # (JSON's true is no number)
                     isinstance(value, bool) and int in meta["types"]):
@@ -71,6 +72,10 @@ class _Record:
         record._check()
         return record
 
+    @classmethod
+    def _nulls(cls, meta) -> bool:
+        return cls.NULLS_WRITTEN if meta["nulls"] is None else meta["nulls"]
+
     def _check(self) -> None:
         """What the field types cannot say."""
 
@@ -80,14 +85,14 @@ class _Record:
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name == "extra" or value is None and not (
-                    f.metadata["required"] or self.NULLS_WRITTEN):
+                    f.metadata["required"] or self._nulls(f.metadata)):
                 continue
             out[f.name] = value.value if f.metadata.get("enum") else value
         return out
 
 
-def _f(*types, enum=None, required=True, default=None):
-    meta = {"types": types, "enum": enum, "required": required}
+def _f(*types, enum=None, required=True, default=None, nulls=None):
+    meta = {"types": types, "enum": enum, "required": required, "nulls": nulls}
     return field(metadata=meta) if required else field(default=default, metadata=meta)
 
 
@@ -118,6 +123,14 @@ class Experiment(_Record):
     outcomes: dict | None = _f(dict, required=False)    # label -> {value, outcome, reason}
     timing: dict | None = _f(dict, required=False)      # None when nothing was timed
     environment: dict | None = _f(dict, required=False)
+    # keys that some lines hold and others not (a later perfloop's, or an experiment's kind's):
+    # left out where absent. (incumbent_value stays in `extra`: its absence says the line was
+    # written before perfloop recorded it, which a null, the knob unset, does not.)
+    incumbent_before: str | None = _f(str, required=False, nulls=False)
+    every_bucket: bool | None = _f(bool, required=False, nulls=False)  # values ran in every
+                                                                       # bucket's entry too
+    sampler: dict | None = _f(dict, required=False, nulls=False)    # search.JointPlan's record
+    screening: dict | None = _f(dict, required=False, nulls=False)  # {shape, ratios}
     extra: dict = field(default_factory=dict)
 
     def _check(self) -> None:
@@ -227,6 +240,6 @@ def incumbent_timed(recs: list[Experiment], incumbent: str, shape: str
         stats = shape_stats(record, shape)
         if stats is not None:
             return record, stats
-        before = record.extra.get("incumbent_before")
+        before = record.incumbent_before
         record = by_commit.get(before) if before != record.commit else None
     return None, None
