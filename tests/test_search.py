@@ -478,6 +478,40 @@ def test_a_kept_tpe_joint_search_is_followed_by_another_one():
     assert search.joint_tried_since_keep(_joint_kept({}, sampler="all"))
 
 
+def test_planned_from_a_4df2488_record_the_searches_are_those_that_run_ran():
+    """The planner reads the typed record (perfloop.store.records): from a run written at
+    4df2488 it plans, experiment by experiment, the dispatch, joint and bucket joint searches
+    that run planned and recorded (their candidates and sampler), Optuna's TPE included."""
+    from perfloop.store import records
+
+    legacy = Path(__file__).resolve().parent / "legacy" / "experiments-4df2488.jsonl"
+    recs = [r for r in records.load(legacy) if isinstance(r, records.Experiment)]
+    rules = load(SHIPPED).rules
+    joint = rules.search
+
+    def before(i: int) -> tuple[list, dict, str]:
+        """The record before iteration i, the incumbent's knobs and commit then."""
+        kept = [r for r in recs[:i] if r.status == Status.KEEP][-1]
+        return recs[:i], kept.knobs, kept.commit
+
+    ran = {r.optimization: r for r in recs}
+    past, knobs, incumbent = before(ran["dispatch"].iteration)
+    table, said, _ = search.dispatch_changes(past, incumbent, knobs, rules.decision, "head")
+    assert [table] == ran["dispatch"].extra["candidates"] and said == ran["dispatch"].describe
+    pytest.importorskip("optuna")
+    args = (joint.joint_margin, joint.joint_max_configs, list(joint.interactions))
+    past, knobs, _ = before(ran["joint"].iteration)
+    plan = search.joint_plan(past, knobs, "head", *args, pair_share=joint.pair_share)
+    assert plan.sampler == search.TPE
+    assert plan.patches == ran["joint"].extra["candidates"]
+    assert plan.as_record() == ran["joint"].sampler
+    past, knobs, _ = before(ran["bucket-joint"].iteration)
+    [(tables, plan)] = search.bucket_joint_plans(past, knobs, "head", *args,
+                                                 pair_share=joint.pair_share)
+    assert tables == ran["bucket-joint"].extra["candidates"]
+    assert plan.as_record() == ran["bucket-joint"].sampler
+
+
 # ---- the joint search's space -------------------------------------------------------------
 def _step(knob, before, ratios: dict, iteration=1, bucket=None, **more):
     labels = {f"c{i}": v for i, v in enumerate(ratios)}
