@@ -548,9 +548,11 @@ def test_a_cliff_at_one_bucket_leaves_the_win_at_another_to_a_dispatch(scratch):
 
 # ---- the workload view (perfloop bench) -----------------------------------------------------
 def _timed(ms: dict, floor=None, bucket=None) -> dict:
-    return {"bucket": bucket, "variants": {label: {"median_ms": t, **(
+    from support.records import shape_dict
+
+    return shape_dict({"bucket": bucket, "variants": {label: {"median_ms": t, **(
         {"share_of_floor": floor / t} if floor and label == "incumbent" else {})}
-        for label, t in ms.items()}}
+        for label, t in ms.items()}})
 
 
 def test_the_workload_view_compares_cutile_with_its_best_peer_at_every_shape():
