@@ -4,6 +4,8 @@ buckets stops on "no improvement" or "gain under 2%" only when every bucket has 
 from __future__ import annotations
 
 import pytest
+from support.records import experiment
+from support.records import summary as typed
 
 from perfloop.contract.playbook import SHIPPED, load
 from perfloop.core.vocab import StopReason
@@ -19,19 +21,23 @@ def _versus(ratio: float) -> dict:
                             "noise": 0.001}}
 
 
-def baseline() -> dict:
-    shapes = {n: {"bucket": b} for n, b in SHAPES.items()}
-    shapes["held:head"] = {"bucket": "big", "held_back": True}
-    return {"kind": "baseline", "iteration": 0, "status": "keep", "timing": {"shapes": shapes}}
+def baseline(shapes: dict | None = None):
+    if shapes is None:
+        shapes = {n: {"bucket": b} for n, b in SHAPES.items()}
+        shapes["held:head"] = {"bucket": "big", "held_back": True}
+    return experiment({"kind": "baseline", "iteration": 0, "status": "keep",
+                       "timing": {"shapes": shapes}})
 
 
 def step(i: int, ratios: dict[str, float], status: str = "keep",
-         optimization: str = "tile_shape") -> dict:
+         optimization: str = "tile_shape", selection: dict | None = None, **more):
     """An experiment whose candidate ran at `ratios` of the incumbent's time per shape."""
     shapes = {n: {"bucket": b, "vs_incumbent": _versus(ratios.get(n, 1.0))}
               for n, b in SHAPES.items()}
-    return {"kind": "playbook", "iteration": i, "optimization": optimization, "status": status,
-            "timing": {"chosen": "candidate-0" if status == "keep" else None, "shapes": shapes}}
+    return experiment({
+        "kind": "playbook", "iteration": i, "optimization": optimization, "status": status,
+        "timing": {"chosen": "candidate-0" if status == "keep" else None, "shapes": shapes,
+                   **({"selection": selection} if selection else {})}, **more})
 
 
 def stops(recs):
@@ -85,16 +91,16 @@ def test_a_search_does_not_add_to_a_streak_and_a_larger_gain_sets_a_bucket_going
 
 
 def test_one_bucket_keeps_the_run_wide_rules():
-    recs = [{**baseline(), "timing": {"shapes": {"head": {"bucket": "all"}}}}]
+    recs = [baseline({"head": {"bucket": "all"}})]
     assert bucket_stops.stop_args(recs, "head", RULES.decision, 2) == {}
 
 
 def test_a_bucket_counts_the_final_pass_its_verdict_weighed_not_the_selection():
     # (the README kernel's tile step was kept at a real gain in its final pass while its noisy
     # selection pass could not tell: the bucket must see what the verdict saw)
-    record = step(1, {"head": 0.9, "guard": 0.9})
-    record["timing"]["selection"] = {n: {"bucket": b, "vs_incumbent": _versus(1.0)}
-                                     for n, b in SHAPES.items()}
+    record = step(1, {"head": 0.9, "guard": 0.9},
+                  selection={n: {"bucket": b, "vs_incumbent": _versus(1.0)}
+                             for n, b in SHAPES.items()})
     assert stops([baseline(), record]) == {"big": None, "small": None}
 
 
@@ -102,9 +108,9 @@ def test_a_verdicts_minor_gain_names_its_bucket_when_the_benchmark_spans_several
     from perfloop.plan import weigh
 
     def summary(buckets: dict[str, str]) -> dict:
-        return {n: {"bucket": b, "held_back": False, "floor_ms": None,
-                    "variants": {"candidate-0": {"median_ms": 0.99}},
-                    "vs_incumbent": _versus(0.99)} for n, b in buckets.items()}
+        return typed({n: {"bucket": b, "held_back": False, "floor_ms": None,
+                          "variants": {"candidate-0": {"median_ms": 0.99}},
+                          "vs_incumbent": _versus(0.99)} for n, b in buckets.items()})
 
     several = weigh.verdict(summary(SHAPES), "candidate-0", "head", RULES.decision)
     one = weigh.verdict(summary({"head": "big", "tail": "big"}), "candidate-0", "head",
@@ -115,9 +121,10 @@ def test_a_verdicts_minor_gain_names_its_bucket_when_the_benchmark_spans_several
 
 def _pass(ratios: dict[str, tuple[str, float, bool]]) -> dict:
     """A final pass: shape -> (bucket, the candidate's ratio to the incumbent, held back)."""
-    return {n: {"bucket": b, "held_back": held, "floor_ms": None,
-                "variants": {"candidate-0": {"median_ms": r}, "incumbent": {"median_ms": 1.0}},
-                "vs_incumbent": _versus(r)} for n, (b, r, held) in ratios.items()}
+    return typed({n: {"bucket": b, "held_back": held, "floor_ms": None,
+                      "variants": {"candidate-0": {"median_ms": r},
+                                   "incumbent": {"median_ms": 1.0}},
+                      "vs_incumbent": _versus(r)} for n, (b, r, held) in ratios.items()})
 
 
 TABLE = {"big": {"tile": 64}, "small": {"tile": 16}}
@@ -170,7 +177,7 @@ def test_a_dispatch_kept_in_some_buckets_commits_and_names_those_only():
     said = naming.dispatch_kept("tile=64 at big; tile=16 at small", ("small",))
     assert said == "tile=64 at big (not at small)"
     # its record's gains count in the buckets it was kept in only
-    recs = [baseline(), step(1, {"head": 0.7, "guard": 0.7})]
-    recs[1]["decision"] = {"dropped_buckets": ["small"]}
-    assert set(bucket_stops._gains(recs[1], {"big": "head", "small": "guard"},
+    kept_at_big = step(1, {"head": 0.7, "guard": 0.7},
+                       decision={"reason": "kept at big", "dropped_buckets": ["small"]})
+    assert set(bucket_stops._gains(kept_at_big, {"big": "head", "small": "guard"},
                                    RULES.decision)) == {"big"}

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 from conftest import git
+from support.records import experiment, experiments
+from support.records import summary as typed
 
 from perfloop.referee import clock as measure
 from perfloop.contract import dispatch, knobspace
@@ -21,7 +23,7 @@ from perfloop.core.stats import Comparison
 from perfloop.core.vocab import Status, StopReason
 from perfloop.measure import judge as judge_mod
 from perfloop.measure import phases
-from perfloop.plan import budget, decide, search
+from perfloop.plan import budget, decide, search, weigh
 
 RULES = DecisionRules(keep_gain=0.05, minor_gain=0.02, regression_tolerance=0.01, family_penalty=10,
                  floor_tolerance=0.1, min_gain=0.005)
@@ -77,7 +79,8 @@ def test_bucket_winners_need_a_real_gain_at_every_shape_of_the_bucket():
         "guard": _shape("small", {"incumbent": _rounds(0.5), "c0": _rounds(0.6), "c1": _rounds(0.499)}),
         "held:head": _shape("big", {"incumbent": _rounds(1.0), "c0": _rounds(2.0)}, held=True),
     }
-    won = decide.bucket_winners(first, {"c0": [1, 2048], "c1": [1, 512]}, "incumbent", RULES)
+    won = search.bucket_winners(typed(first), {"c0": [1, 2048], "c1": [1, 512]}, "incumbent",
+                                RULES)
     # c0 gains 12.5% at worst in "big" (c1 only 10%); nothing wins "small" (c1's 0.2% is
     # under min_gain); held-back shapes do not choose
     assert set(won) == {"big"} and won["big"][0] == "c0"
@@ -85,13 +88,14 @@ def test_bucket_winners_need_a_real_gain_at_every_shape_of_the_bucket():
 
 
 def test_a_dispatch_is_decided_where_it_changed_and_only_if_a_held_back_shape_was_timed():
-    summary = {"head": {"bucket": "big", "vs_incumbent": {"c": {"ratio": 1.0}}},
-               "guard": {"bucket": "small", "vs_incumbent": {"c": {"ratio": 0.8}}},
-               "held:head": {"bucket": "big", "held_back": True, "vs_incumbent": {"c": {"ratio": 1}}}}
-    assert decide.dispatch_focus(summary, ["small"], "head", "c") == "guard"
-    assert decide.dispatch_focus(summary, ["big", "small"], "head", "c") == "head"
-    assert decide.dispatch_focus(summary, ["nowhere"], "head", "c") is None
-    assert decide.ungeneralized(summary, ["big", "small"]) == ("small",)
+    summary = typed({
+        "head": {"bucket": "big", "vs_incumbent": {"c": {"ratio": 1.0}}},
+        "guard": {"bucket": "small", "vs_incumbent": {"c": {"ratio": 0.8}}},
+        "held:head": {"bucket": "big", "held_back": True, "vs_incumbent": {"c": {"ratio": 1}}}})
+    assert weigh.dispatch_focus(summary, ["small"], "head", "c") == "guard"
+    assert weigh.dispatch_focus(summary, ["big", "small"], "head", "c") == "head"
+    assert weigh.dispatch_focus(summary, ["nowhere"], "head", "c") is None
+    assert weigh.ungeneralized(summary, ["big", "small"]) == ("small",)
     outcome = decide.Evidence(correct=True, headline="guard", ungeneralized=("small",),
                              comparisons={"guard": Comparison(0.8, 0.79, 0.81)})
     verdict = decide.decide(outcome, RULES)
@@ -103,18 +107,18 @@ def test_a_dispatch_is_decided_where_it_changed_and_only_if_a_held_back_shape_wa
     assert verdict.status is Status.REVERT and "no improvement" in verdict.reason
 
 
-def _joint_kept(first: dict) -> list[dict]:
+def _joint_kept(first: dict, status: str = "keep", sampler: str = "tpe") -> list:
     """A baseline (commit c0) and a joint search kept at commit c1 with candidate-0's patch."""
     base = {"iteration": 0, "kind": "baseline", "status": "keep", "commit": "c0",
             "knobs": {"rows": 1, "occupancy": None, "dispatch": {"small": {"rows": 2}}}}
     labels = {"candidate-0": {"rows": 4, "occupancy": 2},
               "candidate-1": {"rows": 8, "occupancy": 4}}
     joint = {"iteration": 1, "kind": "playbook", "knob": "*", "optimization": "joint",
-             "correctness": "PASS", "status": "keep", "commit": "c1", "incumbent_before": "c0",
+             "correctness": "PASS", "status": status, "commit": "c1", "incumbent_before": "c0",
              "knobs": {"rows": 4, "occupancy": 2, "dispatch": {"small": {"rows": 2}}},
-             "sampler": {"name": "tpe"},
+             "sampler": {"name": sampler},
              "timing": {"chosen": "candidate-0", "labels": labels, "shapes": first}}
-    return [base, joint]
+    return experiments([base, joint])
 
 
 def _candidate_1_wins_small():
@@ -137,7 +141,7 @@ def test_a_joint_config_that_wins_only_in_another_bucket_is_dispatched_there_who
     assert said == "occupancy=4 at small" and "small" in why
     # nothing to dispatch where the kept config is best everywhere
     first["guard"]["variants"]["candidate-1"]["round_medians_ms"] = _rounds(0.6)
-    assert search.dispatch_changes(recs, "c1", knobs, RULES, "head") is None
+    assert search.dispatch_changes(_joint_kept(first), "c1", knobs, RULES, "head") is None
 
 
 def test_a_dispatch_that_builds_what_runs_there_now_is_not_proposed():
@@ -467,21 +471,55 @@ def test_a_reductions_tile_rows_beside_block_elems_build_the_same_kernel(kernel)
 def test_a_kept_tpe_joint_search_is_followed_by_another_one():
     recs = _joint_kept({})
     assert not search.joint_tried_since_keep(recs)           # sampling paid: sample again
-    assert search.joint_tried_since_keep(recs + [{"optimization": "fast_math",
-                                                  "status": "revert"}]) is False
-    recs[-1]["status"] = "revert"
-    assert search.joint_tried_since_keep(recs)
-    recs[-1].update(status="keep", sampler={"name": "all"})   # the whole space was measured
-    assert search.joint_tried_since_keep(recs)
+    assert search.joint_tried_since_keep(recs + [experiment({"optimization": "fast_math",
+                                                             "status": "revert"})]) is False
+    assert search.joint_tried_since_keep(_joint_kept({}, status="revert"))
+    # the whole space was measured
+    assert search.joint_tried_since_keep(_joint_kept({}, sampler="all"))
+
+
+def test_planned_from_a_4df2488_record_the_searches_are_those_that_run_ran():
+    """The planner reads the typed record (perfloop.store.records): from a run written at
+    4df2488 it plans, experiment by experiment, the dispatch, joint and bucket joint searches
+    that run planned and recorded (their candidates and sampler), Optuna's TPE included."""
+    from perfloop.store import records
+
+    legacy = Path(__file__).resolve().parent / "legacy" / "experiments-4df2488.jsonl"
+    recs = [r for r in records.load(legacy) if isinstance(r, records.Experiment)]
+    rules = load(SHIPPED).rules
+    joint = rules.search
+
+    def before(i: int) -> tuple[list, dict, str]:
+        """The record before iteration i, the incumbent's knobs and commit then."""
+        kept = [r for r in recs[:i] if r.status == Status.KEEP][-1]
+        return recs[:i], kept.knobs, kept.commit
+
+    ran = {r.optimization: r for r in recs}
+    past, knobs, incumbent = before(ran["dispatch"].iteration)
+    table, said, _ = search.dispatch_changes(past, incumbent, knobs, rules.decision, "head")
+    assert [table] == ran["dispatch"].extra["candidates"] and said == ran["dispatch"].describe
+    pytest.importorskip("optuna")
+    args = (joint.joint_margin, joint.joint_max_configs, list(joint.interactions))
+    past, knobs, _ = before(ran["joint"].iteration)
+    plan = search.joint_plan(past, knobs, "head", *args, pair_share=joint.pair_share)
+    assert plan.sampler == search.TPE
+    assert plan.patches == ran["joint"].extra["candidates"]
+    assert plan.as_record() == ran["joint"].sampler
+    past, knobs, _ = before(ran["bucket-joint"].iteration)
+    [(tables, plan)] = search.bucket_joint_plans(past, knobs, "head", *args,
+                                                 pair_share=joint.pair_share)
+    assert tables == ran["bucket-joint"].extra["candidates"]
+    assert plan.as_record() == ran["bucket-joint"].sampler
 
 
 # ---- the joint search's space -------------------------------------------------------------
-def _step(knob, before, ratios: dict, iteration=1):
+def _step(knob, before, ratios: dict, iteration=1, bucket=None, **more):
     labels = {f"c{i}": v for i, v in enumerate(ratios)}
-    return {"iteration": iteration, "kind": "playbook", "knob": knob, "correctness": "PASS",
-            "status": "revert", "optimization": knob, "incumbent_value": before,
-            "timing": {"labels": labels, "shapes": {"head": {"vs_incumbent": {
-                f"c{i}": {"ratio": r} for i, r in enumerate(ratios.values())}}}}}
+    return experiment({
+        "iteration": iteration, "kind": "playbook", "knob": knob, "correctness": "PASS",
+        "status": "revert", "optimization": knob, "incumbent_value": before,
+        "timing": {"labels": labels, "shapes": {"head": {"bucket": bucket, "vs_incumbent": {
+            f"c{i}": {"ratio": r} for i, r in enumerate(ratios.values())}}}}, **more})
 
 
 def test_joint_space_holds_the_near_best_values_of_two_knobs_or_more_and_no_single_moves():
@@ -505,9 +543,9 @@ def test_joint_space_holds_the_near_best_values_of_two_knobs_or_more_and_no_sing
 
 def test_a_cliff_joins_the_joint_space_beside_the_knob_it_interacts_with():
     # a large tile spilled alone (dropped as a cliff); num_ctas 2 lost alone: measured together
-    tiles = _step("tile", [64, 64, 32], {(128, 128, 64): 0.34})
-    tiles["outcomes"] = {"c0": {"outcome": "ok", "value": [128, 128, 64]},
-                         "c1": {"outcome": "slow", "value": [128, 256, 64]}}
+    tiles = _step("tile", [64, 64, 32], {(128, 128, 64): 0.34},
+                  outcomes={"c0": {"outcome": "ok", "value": [128, 128, 64]},
+                            "c1": {"outcome": "slow", "value": [128, 256, 64]}})
     recs = [tiles, _step("num_ctas", None, {2: 1.8, 4: 2.5}, iteration=2)]
     knobs = {"tile": (128, 128, 64), "num_ctas": None}
     patches = search.joint_space(recs, knobs, "head", 0.03, 30, [("tile", "num_ctas")])
@@ -523,11 +561,9 @@ def test_a_cliff_joins_the_joint_space_beside_the_knob_it_interacts_with():
 def test_the_joint_search_starts_from_what_is_in_force_at_the_headline():
     # group 8 and persistent are already dispatched to the headline's bucket: proposing them
     # again over the plain knobs would change only the other buckets
-    group = _step("group", None, {8: 0.92, 4: 0.93})
-    persistent = _step("persistent", False, {True: 0.91}, iteration=2)
-    occupancy = _step("occupancy", None, {1: 0.999, 2: 1.001}, iteration=3)
-    for r in (group, persistent, occupancy):
-        r["timing"]["shapes"]["head"]["bucket"] = "bf16/large"
+    group = _step("group", None, {8: 0.92, 4: 0.93}, bucket="bf16/large")
+    persistent = _step("persistent", False, {True: 0.91}, iteration=2, bucket="bf16/large")
+    occupancy = _step("occupancy", None, {1: 0.999, 2: 1.001}, iteration=3, bucket="bf16/large")
     knobs = {"group": None, "persistent": False, "occupancy": None,
              "dispatch": {"bf16/large": {"group": 8, "persistent": True}}}
     patches = search.joint_space([group, persistent, occupancy], knobs, "head", 0.03, 30, [])
@@ -561,13 +597,14 @@ def _joint(patches, ratios: dict, iteration):
     headline in the first pass, the others screened out with theirs."""
     labels = {f"candidate-{i}": p for i, p in enumerate(patches)}
     first = {label: {"ratio": ratios[label]} for label in list(labels)[:2]}
-    return {"iteration": iteration, "kind": "playbook", "knob": "*", "correctness": "PASS",
-            "status": "revert", "optimization": "joint", "incumbent_value": None,
-            "outcomes": {label: {"value": p, "outcome": "ok" if label in first else "screened",
-                                 "reason": ""} for label, p in labels.items()},
-            "screening": {"shape": "head", "ratios": ratios},
-            "timing": {"labels": {k: labels[k] for k in first},
-                       "shapes": {"head": {"vs_incumbent": first}}}}
+    return experiment({
+        "iteration": iteration, "kind": "playbook", "knob": "*", "correctness": "PASS",
+        "status": "revert", "optimization": "joint", "incumbent_value": None,
+        "outcomes": {label: {"value": p, "outcome": "ok" if label in first else "screened",
+                             "reason": ""} for label, p in labels.items()},
+        "screening": {"shape": "head", "ratios": ratios},
+        "timing": {"labels": {k: labels[k] for k in first},
+                   "shapes": {"head": {"vs_incumbent": first}}}})
 
 
 def test_a_joint_space_within_the_cap_is_measured_whole_by_the_product_ranking():
@@ -678,10 +715,10 @@ def test_more_pair_configs_than_the_cap_measure_the_most_promising_pair_whole():
 
 
 def test_the_measured_configs_follow_the_incumbent_through_the_record():
-    baseline = {"iteration": 0, "kind": "baseline", "status": "keep", "optimization": "baseline",
-                "knobs": {k: 1 for k in "abcd"}}
-    kept = dict(_step("a", 1, {2: 0.9}, iteration=1), status="keep",
-                knobs={"a": 2, "b": 1, "c": 1, "d": 1})
+    baseline = experiment({"iteration": 0, "kind": "baseline", "status": "keep",
+                           "optimization": "baseline", "knobs": {k: 1 for k in "abcd"}})
+    kept = _step("a", 1, {2: 0.9}, iteration=1, status="keep",
+                 knobs={"a": 2, "b": 1, "c": 1, "d": 1})
     later = _step("b", 1, {3: 0.95}, iteration=2)
     # the knobs passed in count only before the record's first incumbent (none here)
     told = search.measured_configs([baseline, kept, later], {k: 4 for k in "abcd"}, "head")
@@ -865,7 +902,7 @@ def test_a_records_time_is_split_into_screening_and_the_rest():
         phases_s = {"screen_compile": 15.0, "screen": 40.0, "correctness": 30.0}
         outcomes = {f"c{i}": {"outcome": "screened" if i >= 4 else "ok"} for i in range(30)}
         timing = {"shapes": {}}
-        extra = {"screening": {"shape": "guard", "ratios": {}}}
+        screening = {"shape": "guard", "ratios": {}}
 
     got = budget.spent(Rec())   # (the screening's compiles are a part of its 40 s)
     assert got == budget.Spent(budget.JOINT, 100.0, timed=4, screened=30, screen_s=40.0)
@@ -873,7 +910,7 @@ def test_a_records_time_is_split_into_screening_and_the_rest():
     # cliffs dropped while screening: the finalists were still timed to the end
     Rec.outcomes = {**Rec.outcomes, "c4": {"outcome": "slow"}, "c5": {"outcome": "slow"}}
     assert budget.spent(Rec()) == got and got.reference
-    Rec.extra = {}   # screening that failed measured no rate
+    Rec.screening = None   # screening that failed measured no rate
     assert not budget.spent(Rec()).reference   # a step with a cliff-dropped candidate
     Rec.outcomes = {f"c{i}": {"outcome": "screened" if i >= 4 else "ok"} for i in range(30)}
     assert budget.spent(Rec()).screened == 0 and budget.spent(Rec()).rest_s == 100.0
@@ -894,15 +931,17 @@ def _timed(iteration, knob, status, shape_ratios, bucket="big", knobs=None, valu
     """A one-knob step (or a search experiment) timed at shapes {name: (bucket, ratio)}."""
     shapes = {name: {"bucket": b, "vs_incumbent": {"candidate-0": {"ratio": r}}}
               for name, (b, r) in shape_ratios.items()}
-    return {"iteration": iteration, "kind": "playbook", "knob": knob, "status": status,
-            "optimization": optimization or knob, "correctness": "PASS",
-            "incumbent_value": None, "knobs": knobs or {}, "sampler": sampler,
-            "timing": {"labels": {"candidate-0": value}, "shapes": shapes}}
+    return experiment({"iteration": iteration, "kind": "playbook", "knob": knob,
+                       "status": status, "optimization": optimization or knob,
+                       "correctness": "PASS", "incumbent_value": None, "knobs": knobs or {},
+                       "sampler": sampler,
+                       "timing": {"labels": {"candidate-0": value}, "shapes": shapes}})
 
 
 def test_a_bucket_reads_its_own_one_knob_ratios_and_skips_knobs_it_dispatched():
-    base = {"iteration": 0, "kind": "baseline", "status": "keep", "optimization": "baseline",
-            "knobs": {"occupancy": None, "rows": 1, "dispatch": {"small": {"rows": 4}}}}
+    base = experiment({"iteration": 0, "kind": "baseline", "status": "keep",
+                       "optimization": "baseline",
+                       "knobs": {"occupancy": None, "rows": 1, "dispatch": {"small": {"rows": 4}}}})
     recs = [base,
             _timed(1, "occupancy", "revert", {"head": ("big", 1.05), "guard": ("small", 0.97)}),
             _timed(2, "rows", "revert", {"head": ("big", 0.99), "guard": ("small", 0.90)})]

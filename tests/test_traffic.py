@@ -208,6 +208,7 @@ def test_the_loop_classifies_the_baseline_from_its_record_against_the_timing_dev
 
     from perfloop.measure import phases
     from perfloop.run import finish as iteration
+    from perfloop.store.records import TimingDetail
 
     rounds = [[1.0] * 3] * 3
     timed = {"rounds": {"incumbent": rounds, "incumbent-again": rounds}, "reps": 3,
@@ -218,7 +219,9 @@ def test_the_loop_classifies_the_baseline_from_its_record_against_the_timing_dev
     def classified(ceil):
         s = SimpleNamespace(spec=SimpleNamespace(headline=SimpleNamespace(name="head")),
                             playbook=load(PLAYBOOK), state=SimpleNamespace())
-        iteration._classify(s, SimpleNamespace(timing={"shapes": summary, "ceilings": ceil}))
+        timing = TimingDetail.from_dict({"shapes": summary, "ceilings": ceil,
+                                         "chosen": "incumbent", "labels": {}})
+        iteration._classify(s, SimpleNamespace(timing=timing))
         return s.state
 
     on_h100 = classified(H100_CEILINGS)   # 0.25 sfu results per byte: 0.18x its ridge

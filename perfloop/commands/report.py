@@ -233,7 +233,7 @@ def _one(args):
 def _diffs(s: Session, recs) -> dict[int, str | None]:
     """Each --describe experiment's change: its commit against the incumbent it was compared
     with, in the kernel folder (None where git no longer has either)."""
-    return {r.iteration: gitops.diff(s.repo, r.extra.get("incumbent_before") or "", r.commit,
+    return {r.iteration: gitops.diff(s.repo, r.incumbent_before or "", r.commit,
                                      s.folder_rel)
             for r in recs if r.kind == Kind.AGENT}
 

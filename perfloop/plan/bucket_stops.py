@@ -1,7 +1,7 @@
 """The seed's stop rules per bucket (issue: fast at the user's workload): a run whose benchmark
 spans several buckets stops on "no improvement" or "gain under 2%" only when every bucket has
 stopped by one of them, so a bucket still gaining keeps the run going though the headline's
-has settled. Pure, over plain record lines (records.plain)."""
+has settled. Pure, over the record (perfloop.store.records.Experiment)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 from perfloop.core.naming import SEARCH_IDS
 from perfloop.contract.playbook import DecisionRules
-from perfloop.core.stats import Comparison
 from perfloop.core.vocab import Kind, Status, Stop, StopReason
 from perfloop.plan import decide
+from perfloop.store.records import Experiment
 
 
 @dataclass(frozen=True)
@@ -20,16 +20,16 @@ class BucketStop:
     detail: str
 
 
-def focus_shapes(recs: list[dict], headline: str) -> dict[str, str]:
+def focus_shapes(recs: list[Experiment], headline: str) -> dict[str, str]:
     """{bucket: the benchmark shape whose gain decides there}: the headline in its bucket, else
     the bucket's first benchmark shape in the baseline's order. (search.benchmark_buckets and
     headline_bucket say as much, a layer above this one: planner imports it.)"""
-    base = next((r for r in recs if r.get("kind") == Kind.BASELINE), None)
-    shapes = ((base or {}).get("timing") or {}).get("shapes") or {}
+    base = next((r for r in recs if r.kind == Kind.BASELINE), None)
+    shapes = base.timing.shapes if base and base.timing else {}
     out: dict[str, str] = {}
     for name, shape in shapes.items():
-        bucket = shape.get("bucket")
-        if bucket is None or shape.get("held_back"):
+        bucket = shape.bucket
+        if bucket is None or shape.held_back:
             continue
         if name == headline:
             out[bucket] = name
@@ -38,28 +38,28 @@ def focus_shapes(recs: list[dict], headline: str) -> dict[str, str]:
     return out
 
 
-def _gains(record: dict, focus: dict[str, str], rules: DecisionRules) -> dict[str, float]:
+def _gains(record: Experiment, focus: dict[str, str], rules: DecisionRules) -> dict[str, float]:
     """{bucket: gain} where this kept experiment's chosen candidate beat the incumbent at the
     bucket's focus shape by a gain the rules count, in the final pass its verdict weighed."""
-    timing = record.get("timing") or {}
-    chosen = timing.get("chosen")
-    if record.get("status") != Status.KEEP or chosen is None:
+    timing = record.timing
+    chosen = timing.chosen if timing else None
+    if record.status != Status.KEEP or timing is None or chosen is None:
         return {}
     out = {}
-    dropped = (record.get("decision") or {}).get("dropped_buckets") or ()
+    dropped = record.decision.get("dropped_buckets") or ()
     for bucket, name in focus.items():
         if bucket in dropped:  # not kept there: what runs there is the incumbent's
             continue
-        measured = ((timing.get("shapes") or {}).get(name) or {}).get("vs_incumbent") or {}
-        if chosen not in measured:
+        shape = timing.shapes.get(name)
+        if shape is None or chosen not in shape.vs_incumbent:
             continue
-        c = Comparison(**measured[chosen])
+        c = shape.vs_incumbent[chosen].comparison
         if decide.real_gain(c, rules.min_gain):
             out[bucket] = c.gain
     return out
 
 
-def bucket_stops(recs: list[dict], headline: str, rules: DecisionRules,
+def bucket_stops(recs: list[Experiment], headline: str, rules: DecisionRules,
                  streak_limit: int) -> dict[str, BucketStop | None]:
     """{bucket: why it has stopped, None while it goes on}, for every bucket of the benchmark.
     A catalog experiment that gains nothing in a bucket adds to its streak (searches re-measure
@@ -68,12 +68,12 @@ def bucket_stops(recs: list[dict], headline: str, rules: DecisionRules,
     return _stops(recs, focus_shapes(recs, headline), rules, streak_limit)
 
 
-def _stops(recs: list[dict], focus: dict[str, str], rules: DecisionRules,
+def _stops(recs: list[Experiment], focus: dict[str, str], rules: DecisionRules,
            streak_limit: int) -> dict[str, BucketStop | None]:
     streak = dict.fromkeys(focus, 0)
     minor: dict[str, str | None] = dict.fromkeys(focus)
     for record in recs:
-        if record.get("kind") in (Kind.BASELINE, Kind.CONFIRMATION):
+        if record.kind == Kind.BASELINE:
             continue
         won = _gains(record, focus, rules)
         for bucket in focus:
@@ -81,9 +81,9 @@ def _stops(recs: list[dict], focus: dict[str, str], rules: DecisionRules,
                 streak[bucket] = 0
                 small = won[bucket] < rules.minor_gain
                 minor[bucket] = (f"{100 * won[bucket]:.2f}% faster in iteration "
-                                 f"{record['iteration']}, under {100 * rules.minor_gain:g}%"
+                                 f"{record.iteration}, under {100 * rules.minor_gain:g}%"
                                  if small else None)
-            elif record.get("optimization") not in SEARCH_IDS:
+            elif record.optimization not in SEARCH_IDS:
                 streak[bucket] += 1
     out: dict[str, BucketStop | None] = {}
     for bucket in focus:
@@ -97,7 +97,7 @@ def _stops(recs: list[dict], focus: dict[str, str], rules: DecisionRules,
     return out
 
 
-def stop_args(recs: list[dict], headline: str, rules: DecisionRules,
+def stop_args(recs: list[Experiment], headline: str, rules: DecisionRules,
               streak_limit: int) -> dict:
     """decide.stop_reason's per-bucket arguments: whether the benchmark spans several buckets,
     and, when every one of them has stopped, the run's Stop (with the headline bucket's

@@ -1,5 +1,5 @@
 """How long the next experiments will take, from the ones the run has done: what the time
-budget ([stop] time_budget_s) decides with. Pure functions over plain records.
+budget ([stop] time_budget_s) decides with. Pure functions over the record.
 
 An experiment's time is a screening part (when it has more candidates than [search]
 screen_above: each compiled and timed at one shape) and the rest (judge, timing, commit),
@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from perfloop.core.naming import BUCKET_JOINT
 from perfloop.core.naming import DISPATCH as DISPATCH_ID
 from perfloop.core.naming import JOINT as JOINT_ID
+from perfloop.core.vocab import Kind
+from perfloop.store.records import Experiment
 
 STEP, DISPATCH, JOINT = "step", "dispatch", "joint"
 
@@ -42,11 +44,11 @@ class Spent:
         return max(0.0, self.seconds - self.screen_s)
 
 
-def spent(rec) -> Spent:
-    """A record's (records.Experiment's) wall time, split as the estimates need it."""
+def spent(rec: Experiment) -> Spent:
+    """A record's wall time, split as the estimates need it."""
     outcomes = [o.get("outcome") for o in (rec.outcomes or {}).values()]
     screen_s = rec.phases_s.get("screen", 0.0)  # (screen_compile is a part of it)
-    screening = bool(rec.extra.get("screening"))
+    screening = bool(rec.screening)
     screened = len(outcomes) if screening else 0
     # a screened search drops its cliffs while screening (in screen_s) and times its finalists
     # to the end: a reference for the next (estimated from a step instead, a search did not
@@ -54,7 +56,7 @@ def spent(rec) -> Spent:
     early = ("screened", "slow") if screening else ("screened",)
     spoils = ("crash",) if screening else ("crash", "slow")
     timed = sum(o not in early for o in outcomes) or 1
-    reference = (rec.kind == "playbook" and bool(rec.timing)
+    reference = (rec.kind == Kind.PLAYBOOK and rec.timing is not None
                  and not any(o in spoils for o in outcomes))
     return Spent(kind_of(rec.optimization), rec.finished_at - rec.started_at, timed, screened,
                  screen_s if screened else 0.0, reference)

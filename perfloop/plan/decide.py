@@ -1,4 +1,6 @@
-"""The playbook's decision rules as pure functions over plain records.
+"""The playbook's decision rules as pure functions over what an experiment found (Evidence) and
+the verdicts before it: which shapes of a timing pass count is asked where the pass is read
+(perfloop.plan.weigh for a verdict, perfloop.plan.search for a dispatch).
 
 Nothing here touches git, processes or the GPU, so every rule is tested in microseconds.
 """
@@ -11,7 +13,7 @@ from typing import NamedTuple
 
 from perfloop.core import dispatch_table, vocab
 from perfloop.contract.playbook import Classes, DecisionRules, Optimization, StopRules
-from perfloop.core.stats import Comparison, compare, real_gain  # (the keep rule, the timer's too)
+from perfloop.core.stats import Comparison, real_gain  # (the keep rule, the timer's too)
 from perfloop.core.vocab import Correctness, Status, StopReason
 
 
@@ -253,51 +255,3 @@ def classify(bytes_moved: float, flops, peaks: Mapping | None = None,
     return Classification(name, intensity, (
         f"{intensity:.4g} FLOP per byte (all units) against the fixed bounds {low:g} and "
         f"{high:g}: no peak is known for this device's units (e.g. a kernel timed on the CPU)"))
-
-
-# ---- per-shape dispatch ------------------------------------------------------------------------
-def bucket_winners(first_pass: dict, values: dict, in_force: str,
-                   rules: DecisionRules) -> dict[str, tuple[str, float]]:
-    """{bucket: (label, worst gain)} for buckets where a measured value beats the one in force
-    (label `in_force`) with a real gain at every benchmark shape of the bucket. `first_pass` is a
-    summarized timing pass in which every label of `values` ({label: knob value}) was timed."""
-    buckets: dict[str, list[str]] = {}
-    for name, shape in first_pass.items():
-        if shape.get("bucket") is not None and not shape.get("held_back"):
-            buckets.setdefault(shape["bucket"], []).append(name)
-    out = {}
-    for bucket, names in sorted(buckets.items()):
-        best = None
-        for label in values:
-            if label == in_force or any(label not in first_pass[n]["variants"] for n in names):
-                continue
-            gains = []
-            for name in names:
-                shape = first_pass[name]
-                c = compare(shape["variants"][in_force]["round_medians_ms"],
-                            shape["variants"][label]["round_medians_ms"], noise=shape["noise"])
-                gains.append(c.gain if real_gain(c, rules.min_gain) else None)
-            if None not in gains and (best is None or min(gains) > best[1]):
-                best = (label, min(gains))
-        if best is not None:
-            out[bucket] = best
-    return out
-
-
-def dispatch_focus(summary: dict, changed: list[str], headline: str, label: str) -> str | None:
-    """The shape whose gain decides a dispatch: the headline when its bucket changed, else the
-    benchmark shape of a changed bucket that gained most."""
-    hit = [n for n, sh in summary.items() if sh.get("bucket") in changed and not sh.get("held_back")]
-    if headline in hit:
-        return headline
-    if not hit:
-        return None
-    return min(hit, key=lambda n: summary[n]["vs_incumbent"][label]["ratio"])
-
-
-def ungeneralized(summary: dict, changed: list[str]) -> tuple[str, ...]:
-    """Changed buckets in which no held-back shape was timed (a tuned one, which may run any
-    bucket's knobs, checks none)."""
-    held = {sh.get("bucket") for sh in summary.values()
-            if sh.get("held_back") and not sh.get("tuned")}
-    return tuple(b for b in changed if b not in held)

@@ -16,7 +16,7 @@ from perfloop.core.vocab import Kind, Status, Stop, StopReason
 from perfloop.plan import bucket_stops, budget, decide, profile_rank, search
 from perfloop.plan.proposal import Proposal
 from perfloop.plan.view import RunView
-from perfloop.store.records import incumbent_timed
+from perfloop.store.records import Experiment, incumbent_timed
 
 
 # ---- what is on offer -------------------------------------------------------------------
@@ -40,7 +40,7 @@ def catalog(v: RunView) -> list[decide.Suggestion]:
                                v.spec.tags, source=f"the profile of {v.profile['commit'][:12]}")
 
 
-def _dispatch(v: RunView, recs: list[dict]) -> list[decide.Suggestion]:
+def _dispatch(v: RunView, recs: list[Experiment]) -> list[decide.Suggestion]:
     found = v.rules.search.dispatch and search.dispatch_changes(
         recs, v.incumbent, v.knobs, v.rules.decision, v.spec.headline.name, same=v.space.same)
     if not found or v.space.why_not({**v.knobs, dispatch.KEY: found[0]}) is not None:
@@ -50,7 +50,7 @@ def _dispatch(v: RunView, recs: list[dict]) -> list[decide.Suggestion]:
                               f"won only on some buckets: {why}", describe=said)]
 
 
-def _joint(v: RunView, recs: list[dict]) -> list[decide.Suggestion]:
+def _joint(v: RunView, recs: list[Experiment]) -> list[decide.Suggestion]:
     rules, knobs = v.rules.search, v.knobs
     if search.joint_tried_since_keep(recs):
         return []
@@ -71,7 +71,7 @@ def _joint(v: RunView, recs: list[dict]) -> list[decide.Suggestion]:
         sampler=plan.as_record())]
 
 
-def _bucket_joints(v: RunView, recs: list[dict]) -> list[decide.Suggestion]:
+def _bucket_joints(v: RunView, recs: list[Experiment]) -> list[decide.Suggestion]:
     rules, knobs, out = v.rules.search, v.knobs, []
     for tables, plan in search.bucket_joint_plans(
             recs, knobs, v.spec.headline.name, rules.joint_margin, rules.joint_max_configs,
@@ -94,7 +94,7 @@ def _bucket_joints(v: RunView, recs: list[dict]) -> list[decide.Suggestion]:
 
 def searches(v: RunView) -> list[decide.Suggestion]:
     """The dispatch and joint experiments the record supports now."""
-    recs = [r.to_dict() for r in v.records]  # (search reads plain lines)
+    recs = list(v.records)
     return _dispatch(v, recs) + _joint(v, recs) + _bucket_joints(v, recs)
 
 
@@ -166,14 +166,15 @@ def floor_shares(v: RunView) -> dict[str, float] | None:
     """The incumbent's share of the physical floor per benchmark shape, each from the latest
     experiment in the incumbent's line that timed it (None where a shape has no floor, e.g.
     on the CPU)."""
-    shares = {sh.name: (incumbent_timed(list(v.records), v.incumbent, sh.name)[1] or {}
-                        ).get("share_of_floor") for sh in v.spec.shapes}
+    timed = {sh.name: incumbent_timed(list(v.records), v.incumbent, sh.name)[1]
+             for sh in v.spec.shapes}
+    shares = {name: stats.share_of_floor if stats else None for name, stats in timed.items()}
     return shares if shares and None not in shares.values() else None
 
 
 def per_bucket(v: RunView) -> dict:
     """The stop rules' per-bucket arguments (perfloop.plan.bucket_stops)."""
-    return bucket_stops.stop_args([r.to_dict() for r in v.records], v.spec.headline.name,
+    return bucket_stops.stop_args(list(v.records), v.spec.headline.name,
                                   v.rules.decision, v.rules.stop.no_improvement_streak)
 
 

@@ -11,7 +11,8 @@
             only (its configs are dispatch tables): the wide rows' best config is not the
             headline's (on an H100 RMSNorm's differed in three knobs of four).
 
-Pure functions over the record's lines; iteration.py runs what they propose like any change.
+Pure functions over the record (perfloop.store.records.Experiment); perfloop.run.experiment
+runs what they propose like any change.
 """
 
 from __future__ import annotations
@@ -32,8 +33,10 @@ from perfloop.core.naming import (
     show_patch,
 )
 from perfloop.contract.playbook import CLASSES, Optimization, freeze, thaw
+from perfloop.core.stats import compare
 from perfloop.core.vocab import INCUMBENT, Correctness, Kind, Outcome, Status
 from perfloop.plan import decide
+from perfloop.store.records import Experiment, ShapeSummary
 
 MULTI = playbook.MULTI  # the knob of an optimization whose values are {knob: value} patches
 IDS = SEARCH_IDS
@@ -56,26 +59,55 @@ def optimization(opt_id: str, values: tuple) -> Optimization:
                         "the values that mattered in one-knob steps, measured together")
 
 
-def first_pass(record: dict) -> dict | None:
-    """The pass in which every candidate of an experiment was timed against the incumbent."""
-    timing = record.get("timing") or {}
-    return timing.get("selection") or timing.get("shapes")
+def first_pass(record: Experiment) -> dict[str, ShapeSummary]:
+    """The pass in which every candidate of an experiment was timed against the incumbent
+    ({} where nothing was timed)."""
+    return record.timing.first_pass if record.timing else {}
 
 
-def _single_knob(record: dict) -> bool:
-    return (record["kind"] == Kind.PLAYBOOK
-            and record.get("knob") not in (None, dispatch.KEY, MULTI)
-            and record.get("timing") is not None
-            and record.get("correctness") == Correctness.PASS)
+def _single_knob(record: Experiment) -> bool:
+    return (record.kind == Kind.PLAYBOOK and record.knob not in (None, dispatch.KEY, MULTI)
+            and record.timing is not None and record.correctness == Correctness.PASS)
 
 
-def _dispatchable(record: dict) -> bool:
+def _dispatchable(record: Experiment) -> bool:
     """A one-knob step or a joint search, judged PASS and timed."""
-    return (record["kind"] == "playbook" and record.get("knob") not in (None, dispatch.KEY)
-            and record.get("timing") is not None and record.get("correctness") == "PASS")
+    return (record.kind == Kind.PLAYBOOK and record.knob not in (None, dispatch.KEY)
+            and record.timing is not None and record.correctness == Correctness.PASS)
 
 
-def dispatch_changes(recs: list[dict], incumbent: str, knobs: dict,
+def bucket_winners(first_pass: dict[str, ShapeSummary], values: dict, in_force: str,
+                   rules: decide.DecisionRules) -> dict[str, tuple[str, float]]:
+    """{bucket: (label, worst gain)} for buckets where a measured value beats the one in force
+    (label `in_force`) with a real gain at every benchmark shape of the bucket. `first_pass` is a
+    summarized timing pass in which every label of `values` ({label: knob value}) was timed."""
+    buckets: dict[str, list[str]] = {}
+    for name, shape in first_pass.items():
+        if shape.bucket is not None and not shape.held_back:
+            buckets.setdefault(shape.bucket, []).append(name)
+    out = {}
+    for bucket, names in sorted(buckets.items()):
+        best: tuple[str, float] | None = None
+        for label in values:
+            if label == in_force or any(label not in first_pass[n].variants for n in names):
+                continue
+            gains = []
+            for name in names:
+                shape = first_pass[name]
+                c = compare(shape.variants[in_force].round_medians_ms,
+                            shape.variants[label].round_medians_ms, noise=shape.noise)
+                if not decide.real_gain(c, rules.min_gain):
+                    break
+                gains.append(c.gain)
+            else:   # a real gain at every shape of the bucket
+                if best is None or min(gains) > best[1]:
+                    best = (label, min(gains))
+        if best is not None:
+            out[bucket] = best
+    return out
+
+
+def dispatch_changes(recs: list[Experiment], incumbent: str, knobs: dict,
                      rules: decide.DecisionRules, headline: str | None = None,
                      same=None) -> tuple[dict, str, str] | None:
     """(the new dispatch table, what it changes, the gains that chose it) from the last
@@ -85,18 +117,20 @@ def dispatch_changes(recs: list[dict], incumbent: str, knobs: dict,
     if not recs or not _dispatchable(recs[-1]):
         return None
     record = recs[-1]
-    kept = record["status"] == Status.KEEP
-    if (record["commit"] if kept else record["incumbent_before"]) != incumbent:
+    assert record.timing is not None   # (_dispatchable)
+    kept = record.status == Status.KEEP
+    if (record.commit if kept else record.incumbent_before) != incumbent:
         return None
-    in_force = record["timing"]["chosen"] if kept else INCUMBENT
-    values = record["timing"]["labels"]
-    winners = decide.bucket_winners(first_pass(record), values, in_force, rules)
+    in_force = record.timing.chosen if kept else INCUMBENT
+    assert in_force is not None   # (a kept experiment chose a candidate)
+    values = record.timing.labels
+    winners = bucket_winners(first_pass(record), values, in_force, rules)
     current = dispatch.table(knobs)
-    knob = record["knob"]
+    knob = record.knob
     if knob == MULTI:
         before = knobs if not kept else next(
-            ({k: freeze(v) for k, v in r["knobs"].items()} for r in reversed(recs[:-1])
-             if r.get("commit") == record["incumbent_before"] and "knobs" in r), None)
+            ({k: freeze(v) for k, v in r.knobs.items()} for r in reversed(recs[:-1])
+             if r.commit == record.incumbent_before), None)
         if before is None:
             return None
         where = headline_bucket(recs, headline) if headline else None
@@ -121,24 +155,24 @@ def dispatch_changes(recs: list[dict], incumbent: str, knobs: dict,
     if not changes:
         return None
     table = dispatch.merged(current, changes)
-    return table, "; ".join(said), (f"{', '.join(gains)} in iteration {record['iteration']}")
+    return table, "; ".join(said), (f"{', '.join(gains)} in iteration {record.iteration}")
 
 
 
 
 
 
-def _with_incumbent(recs: list[dict], knobs: dict):
+def _with_incumbent(recs: list[Experiment], knobs: dict):
     """(record, the incumbent's knobs when it ran) for each record: the baseline's knobs, then
     each kept experiment's; `knobs` before any record that holds them."""
     incumbent = None
     for record in recs:
         yield record, (incumbent if incumbent is not None else knobs)
-        if record.get("status") == Status.KEEP and isinstance(record.get("knobs"), dict):
-            incumbent = record["knobs"]
+        if record.status == Status.KEEP:
+            incumbent = record.knobs
 
 
-def _measured(recs: list[dict], shape: str) -> dict[str, dict]:
+def _measured(recs: list[Experiment], shape: str) -> dict[str, dict]:
     """{knob: {value: ratio against the value in force before its step}} from the latest
     one-knob step of each knob (its first pass, at `shape`). The value in force at the shape
     is its bucket's entry's where that sets the knob (by the incumbent's knobs in the record);
@@ -147,31 +181,32 @@ def _measured(recs: list[dict], shape: str) -> dict[str, dict]:
     bucket = headline_bucket(recs, shape)
     out: dict[str, dict] = {}
     for record, base in _with_incumbent(recs, {}):
-        if not _single_knob(record) or "incumbent_value" not in record:
+        if not _single_knob(record) or "incumbent_value" not in record.extra:
             continue
+        assert record.knob is not None and record.timing is not None   # (_single_knob)
         entry = dispatch.table(base).get(bucket or "", {})
-        if record["knob"] in entry and not record.get("every_bucket"):
+        if record.knob in entry and not record.every_bucket:
             continue
-        timed = (first_pass(record) or {}).get(shape)
+        timed = first_pass(record).get(shape)
         if not timed:
             continue
-        ratios = {freeze(entry.get(record["knob"], record["incumbent_value"])): 1.0}
-        for label, value in record["timing"]["labels"].items():
-            if label in timed["vs_incumbent"]:   # (the value in force there stays at 1.0)
-                ratios.setdefault(freeze(value), timed["vs_incumbent"][label]["ratio"])
-        out[record["knob"]] = ratios
+        ratios = {freeze(entry.get(record.knob, record.extra["incumbent_value"])): 1.0}
+        for label, value in record.timing.labels.items():
+            if label in timed.vs_incumbent:   # (the value in force there stays at 1.0)
+                ratios.setdefault(freeze(value), timed.vs_incumbent[label].ratio)
+        out[record.knob] = ratios
     return out
 
 
-def _cliffs(recs: list[dict]) -> dict[str, list]:
+def _cliffs(recs: list[Experiment]) -> dict[str, list]:
     """{knob: values dropped as cliffs (outcome slow)} in the latest one-knob step of each
     knob: a value that spills alone may run well beside a knob it interacts with (a large tile
     with num_ctas 2)."""
     out: dict[str, list] = {}
     for record in recs:
-        if record["kind"] == Kind.PLAYBOOK and record.get("knob") not in (None, dispatch.KEY, MULTI):
-            out[record["knob"]] = [freeze(o["value"]) for o in (record.get("outcomes") or {}).values()
-                                   if o.get("outcome") == Outcome.SLOW]
+        if record.kind == Kind.PLAYBOOK and record.knob not in (None, dispatch.KEY, MULTI):
+            out[record.knob] = [freeze(o["value"]) for o in (record.outcomes or {}).values()
+                                if o.get("outcome") == Outcome.SLOW]
     return out
 
 
@@ -189,26 +224,26 @@ def apply_joint(knobs: dict, patch: dict, bucket: str | None) -> dict:
     return out
 
 
-def applied_patch(record: dict, knobs: dict, patch: dict, bucket: str | None) -> dict:
+def applied_patch(record: Experiment, knobs: dict, patch: dict, bucket: str | None) -> dict:
     """What a recorded patch ran: a catalog entry's in every bucket ("every_bucket"), a
     joint search's where the headline runs."""
-    if record.get("every_bucket"):
+    if record.every_bucket:
         return dispatch.patch_everywhere(knobs, patch)
     return apply_joint(knobs, patch, bucket)
 
 
-def measured_buckets(recs: list[dict], headline: str) -> list[str]:
+def measured_buckets(recs: list[Experiment], headline: str) -> list[str]:
     """The buckets of the benchmark's shapes, the headline's first: those a dispatch table
     lists (perfloop.core.dispatch_table.complete)."""
     head = headline_bucket(recs, headline)
     return ([head] if head is not None else []) + [b for b, _ in benchmark_buckets(recs, headline)]
 
 
-def headline_bucket(recs: list[dict], headline: str) -> str | None:
+def headline_bucket(recs: list[Experiment], headline: str) -> str | None:
     for record in reversed(recs):
-        shape = ((record.get("timing") or {}).get("shapes") or {}).get(headline) or {}
-        if shape.get("bucket") is not None:
-            return shape["bucket"]
+        shape = record.timing.shapes.get(headline) if record.timing else None
+        if shape is not None and shape.bucket is not None:
+            return shape.bucket
     return None
 
 
@@ -255,13 +290,13 @@ class JointPlan:
                 f"of the one-knob ratios ({self.note})")
 
 
-def joint_space(recs: list[dict], knobs: dict, headline: str, margin: float,
+def joint_space(recs: list[Experiment], knobs: dict, headline: str, margin: float,
                 max_configs: int, interactions: list, at: str | None = None) -> list[dict]:
     """joint_plan()'s patches."""
     return joint_plan(recs, knobs, headline, margin, max_configs, interactions, at).patches
 
 
-def joint_plan(recs: list[dict], knobs: dict, headline: str, margin: float,
+def joint_plan(recs: list[Experiment], knobs: dict, headline: str, margin: float,
                max_configs: int, interactions: list, at: str | None = None,
                worth: Callable[[dict], bool] | None = None,
                pair_share: float = 2 / 3) -> JointPlan:
@@ -352,7 +387,7 @@ def _plain(changes: list[dict]) -> list[dict]:
     return [{k: thaw(v) for k, v in c.items()} for c in changes]
 
 
-def _sampled(recs: list[dict], knobs: dict, headline: str, at: str | None, space: dict,
+def _sampled(recs: list[Experiment], knobs: dict, headline: str, at: str | None, space: dict,
              names: list, in_force: dict, changes: list[dict], max_configs: int,
              interactions: list, pair_share: float, where: dict) -> JointPlan:
     """A space larger than the cap: the configs measured before (at any headline time) are not
@@ -431,7 +466,7 @@ def _text(value) -> str:
     return json.dumps(thaw(freeze(value)), sort_keys=True)
 
 
-def measured_configs(recs: list[dict], knobs: dict, headline: str,
+def measured_configs(recs: list[Experiment], knobs: dict, headline: str,
                      at: str | None = None) -> list[tuple[dict, float | None]]:
     """(the knobs in force at the headline, the headline time ratio against the incumbent of
     its experiment, or None where the record holds none) for every config the record measured
@@ -450,18 +485,19 @@ def measured_configs(recs: list[dict], knobs: dict, headline: str,
     bucket = headline_bucket(recs, shape_name) or ""   # where its config is read
     out: list[tuple[dict, float | None]] = []
     for record, base in _with_incumbent(recs, knobs):
-        knob = record.get("knob")
-        if record["kind"] != Kind.PLAYBOOK or knob is None:
+        knob = record.knob
+        if record.kind != Kind.PLAYBOOK or knob is None:
             continue
-        shape = ((first_pass(record) or {}).get(shape_name) or {}).get("vs_incumbent", {})
+        timed = first_pass(record).get(shape_name)
+        shape = timed.vs_incumbent if timed else {}
         patches = {label: (o.get("value") if "value" in o else None)
-                   for label, o in (record.get("outcomes") or {}).items()}
-        patches.update((record.get("timing") or {}).get("labels") or {})
-        screening = record.get("screening") or {}
+                   for label, o in (record.outcomes or {}).items()}
+        patches.update(record.timing.labels if record.timing else {})
+        screening = record.screening or {}
         screened = screening.get("ratios", {}) if screening.get("shape") == shape_name else {}
         if knob != MULTI and (shape or screened):
             incumbent = (base if knob == dispatch.KEY
-                         else {**base, knob: freeze(record.get("incumbent_value"))})
+                         else {**base, knob: freeze(record.extra.get("incumbent_value"))})
             out.append((dispatch.knobs_for(incumbent, bucket), 1.0))
         for label, value in patches.items():
             if knob in (MULTI, dispatch.KEY) and not isinstance(value, dict):
@@ -469,8 +505,8 @@ def measured_configs(recs: list[dict], knobs: dict, headline: str,
             applied = (applied_patch(record, base, value, routed) if knob == MULTI
                        else {**base, knob: value} if knob == dispatch.KEY
                        else dispatch.set_everywhere(base, knob, freeze(value))
-                       if record.get("every_bucket") else {**base, knob: freeze(value)})
-            ratio = shape.get(label, {}).get("ratio", screened.get(label))
+                       if record.every_bucket else {**base, knob: freeze(value)})
+            ratio = shape[label].ratio if label in shape else screened.get(label)
             out.append((dispatch.knobs_for(applied, bucket), ratio))
     return out
 
@@ -513,46 +549,45 @@ def tpe_choose(names: list, space: dict, told: list, allowed: dict, n: int,
     return picked, ""
 
 
-def joint_tried_since_keep(recs: list[dict]) -> bool:
+def joint_tried_since_keep(recs: list[Experiment]) -> bool:
     """Whether a joint search ran since the last kept change (a bucket joint search's keep
     does not count: it changes no bucket the headline's joint search measures). A sampled
     joint search (TPE) that was itself kept counts as not tried: sampling pays there, so the
     next one samples again, told everything measured so far."""
     for record in reversed(recs):
-        if record["optimization"] == JOINT:
-            return not (record["status"] == Status.KEEP
-                        and (record.get("sampler") or {}).get("name") == TPE)
-        if record["status"] == Status.KEEP and record["optimization"] != BUCKET_JOINT:
+        if record.optimization == JOINT:
+            return not (record.status == Status.KEEP
+                        and (record.sampler or {}).get("name") == TPE)
+        if record.status == Status.KEEP and record.optimization != BUCKET_JOINT:
             return False
     return False
 
 
-def bucket_joint_tried(recs: list[dict], bucket: str) -> bool:
+def bucket_joint_tried(recs: list[Experiment], bucket: str) -> bool:
     """Whether a joint search at `bucket` ran since the last kept change other than a bucket
     joint search (each bucket's is measured once, unless the catalog moves the kernel on)."""
     for record in reversed(recs):
-        if (record["optimization"] == BUCKET_JOINT
-                and (record.get("sampler") or {}).get("bucket") == bucket):
+        if (record.optimization == BUCKET_JOINT
+                and (record.sampler or {}).get("bucket") == bucket):
             return True
-        if record["status"] == Status.KEEP and record["optimization"] != BUCKET_JOINT:
+        if record.status == Status.KEEP and record.optimization != BUCKET_JOINT:
             return False
     return False
 
 
-def benchmark_buckets(recs: list[dict], headline: str) -> list[tuple[str, str]]:
+def benchmark_buckets(recs: list[Experiment], headline: str) -> list[tuple[str, str]]:
     """(bucket, its first benchmark shape) for each bucket other than the headline's, in the
     order the record first timed them (the baseline times every shape, in the kernel's order)."""
     head = headline_bucket(recs, headline)
     out: dict[str, str] = {}
     for record in recs:
-        for name, shape in ((record.get("timing") or {}).get("shapes") or {}).items():
-            bucket = shape.get("bucket")
-            if bucket is not None and bucket != head and not shape.get("held_back"):
-                out.setdefault(bucket, name)
+        for name, shape in (record.timing.shapes if record.timing else {}).items():
+            if shape.bucket is not None and shape.bucket != head and not shape.held_back:
+                out.setdefault(shape.bucket, name)
     return list(out.items())
 
 
-def bucket_joint_plans(recs: list[dict], knobs: dict, headline: str, margin: float,
+def bucket_joint_plans(recs: list[Experiment], knobs: dict, headline: str, margin: float,
                        max_configs: int, interactions: list,
                        worth: Callable[[dict, str], bool] | None = None,
                        pair_share: float = 2 / 3) -> list[tuple[list[dict], JointPlan]]:

@@ -9,11 +9,12 @@ from dataclasses import dataclass
 from perfloop.contract.kernel import KernelSpec
 from perfloop.contract.knobspace import Space
 from perfloop.contract.playbook import Playbook
+from perfloop.store.records import Experiment
 
 
 @dataclass(frozen=True)
 class RunView:
-    records: tuple           # the experiments (perfloop.store.records.Experiment), in order
+    records: tuple[Experiment, ...]   # the experiments, in order
     knobs: dict              # the incumbent's knobs.json
     incumbent: str           # the incumbent's commit
     kernel_class: str

@@ -1,6 +1,7 @@
 """An experiment's verdict from what its judge and timer found: pure functions over the
 outcomes of its candidates and the timing summary of its final pass (perfloop.measure.phases
-summarize_pass), decided by the playbook's rules (perfloop.plan.decide)."""
+summarize_pass, typed as the record holds it: perfloop.store.records.ShapeSummary), decided by
+the playbook's rules (perfloop.plan.decide)."""
 
 from __future__ import annotations
 
@@ -8,16 +9,18 @@ from dataclasses import replace
 
 from perfloop.core import dispatch_table as dispatch
 from perfloop.contract.playbook import DecisionRules, thaw
-from perfloop.core.stats import Comparison
 from perfloop.core.vocab import CONTROL, INCUMBENT, Correctness, Kind, Outcome, Status
 from perfloop.plan import decide
+from perfloop.store.records import ShapeSummary
+
+Summary = dict[str, ShapeSummary]   # a timing pass: shape name -> its summary
 
 
-def below_floor(summary: dict, label: str, tolerance: float) -> tuple[str, ...]:
+def below_floor(summary: Summary, label: str, tolerance: float) -> tuple[str, ...]:
     """The shapes where `label` ran faster than the physical floor allows."""
     return tuple(name for name, shape in summary.items()
-                 if shape["floor_ms"] and shape["variants"][label]["median_ms"]
-                 < shape["floor_ms"] * (1 - tolerance))
+                 if shape.floor_ms and shape.variants[label].median_ms
+                 < shape.floor_ms * (1 - tolerance))
 
 
 def untimed(kind: Kind, outcome: dict, timing_crashed: str, judged_ok: bool) -> decide.Verdict:
@@ -42,7 +45,7 @@ def untimed(kind: Kind, outcome: dict, timing_crashed: str, judged_ok: bool) -> 
                           crashed[0] if crashed else "nothing was timed")
 
 
-def baseline(summary: dict, headline: str, rules: DecisionRules,
+def baseline(summary: Summary, headline: str, rules: DecisionRules,
              max_control_gap: float = 0.05) -> decide.Verdict:
     """The baseline is kept unless it measured faster than the physical floor, or its A/A
     control (the same code timed twice) differs by more than `max_control_gap` at the
@@ -52,21 +55,21 @@ def baseline(summary: dict, headline: str, rules: DecisionRules,
         return decide.Verdict(Status.REVERT, Correctness.PASS, "baseline measured faster than "
                               f"the physical floor on {', '.join(below)}: the measurement is "
                               "broken")
-    aa = summary[headline]["vs_incumbent"][CONTROL]
-    if abs(aa["ratio"] - 1) > max_control_gap:
+    aa = summary[headline].vs_incumbent[CONTROL]
+    if abs(aa.ratio - 1) > max_control_gap:
         return decide.Verdict(Status.REVERT, Correctness.PASS, (
-            f"the same code timed twice differs by {100 * abs(aa['ratio'] - 1):.1f}% at the "
+            f"the same code timed twice differs by {100 * abs(aa.ratio - 1):.1f}% at the "
             f"headline shape (allowed: {100 * max_control_gap:g}%, the run's max_control_gap): "
             "this machine is too busy to time on, or the kernel's time is not its own (other "
             "programs running, a clock that measures nothing); close them and start again, "
             "or allow a larger gap for this kernel (kernel.toml's [rules] max_control_gap, or "
             "--max-control-gap when a run starts)"))
     return decide.Verdict(Status.KEEP, Correctness.PASS, "baseline; the same code timed twice "
-                          f"differs by {100 * abs(aa['ratio'] - 1):.2f}% (noise "
-                          f"{100 * summary[headline]['noise']:.2f}%) at the headline shape")
+                          f"differs by {100 * abs(aa.ratio - 1):.2f}% (noise "
+                          f"{100 * summary[headline].noise:.2f}%) at the headline shape")
 
 
-def verdict(summary: dict, best: str, headline: str, rules: DecisionRules,
+def verdict(summary: Summary, best: str, headline: str, rules: DecisionRules,
           dispatch_value=None, incumbent_knobs: dict | None = None) -> decide.Verdict:
     """The playbook's verdict on the fastest candidate `best` (its timings from the final
     pass). A change of the dispatch table (`dispatch_value`: the chosen table) is decided at
@@ -82,15 +85,15 @@ def verdict(summary: dict, best: str, headline: str, rules: DecisionRules,
     whole = _decide(summary, best, headline, rules, changed, several)
     if whole.status != Status.REVERT or whole.correctness != Correctness.PASS:
         return whole
-    if any(sh.get("tuned") and decide.regression(Comparison(**sh["vs_incumbent"][best]),
-                                                  rules.regression_tolerance)
+    if any(sh.tuned and decide.regression(sh.vs_incumbent[best].comparison,
+                                          rules.regression_tolerance)
            for sh in summary.values()):
         return whole   # (a tuned shape may run any bucket's knobs: no one bucket to drop)
     dropped = losing_buckets(summary, best, changed, rules)
     kept = [b for b in changed if b not in dropped]
     if not dropped or not kept or below_floor(summary, best, rules.floor_tolerance):
         return whole
-    rest = {n: sh for n, sh in summary.items() if sh.get("bucket") not in dropped}
+    rest = {n: sh for n, sh in summary.items() if sh.bucket not in dropped}
     part = _decide(rest, best, headline, rules, kept, several)
     if part.status != Status.KEEP:
         return whole
@@ -99,33 +102,50 @@ def verdict(summary: dict, best: str, headline: str, rules: DecisionRules,
         f"{part.reason}"))
 
 
-def losing_buckets(summary: dict, best: str, changed: list[str],
+def losing_buckets(summary: Summary, best: str, changed: list[str],
                    rules: DecisionRules) -> list[str]:
     """The changed buckets where `best` regressed at some shape, or no held-back shape was
     timed."""
-    unchecked = set(decide.ungeneralized(summary, changed))
-    slower = {sh.get("bucket") for sh in summary.values()
-              if decide.regression(Comparison(**sh["vs_incumbent"][best]),
-                                   rules.regression_tolerance)}
+    unchecked = set(ungeneralized(summary, changed))
+    slower = {sh.bucket for sh in summary.values()
+              if decide.regression(sh.vs_incumbent[best].comparison, rules.regression_tolerance)}
     return [b for b in changed if b in unchecked or b in slower]
 
 
-def _decide(summary: dict, best: str, headline: str, rules: DecisionRules,
+def _decide(summary: Summary, best: str, headline: str, rules: DecisionRules,
             changed: list[str] | None, several: bool) -> decide.Verdict:
     unchecked: tuple = ()
     if changed is not None:
-        headline = decide.dispatch_focus(summary, changed, headline, best) or ""
-        unchecked = decide.ungeneralized(summary, changed)
-    comparisons = {name: Comparison(**shape["vs_incumbent"][best])
-                   for name, shape in summary.items()}
+        headline = dispatch_focus(summary, changed, headline, best) or ""
+        unchecked = ungeneralized(summary, changed)
+    comparisons = {name: shape.vs_incumbent[best].comparison for name, shape in summary.items()}
     return decide.decide(decide.Evidence(
         correct=True, comparisons=comparisons, headline=headline,
         below_floor=below_floor(summary, best, rules.floor_tolerance),
         ungeneralized=unchecked, per_bucket=several), rules)
 
 
-def _benchmark_buckets(summary: dict) -> set:
+def dispatch_focus(summary: Summary, changed: list[str], headline: str,
+                   label: str) -> str | None:
+    """The shape whose gain decides a dispatch: the headline when its bucket changed, else the
+    benchmark shape of a changed bucket that gained most."""
+    hit = [n for n, sh in summary.items() if sh.bucket in changed and not sh.held_back]
+    if headline in hit:
+        return headline
+    if not hit:
+        return None
+    return min(hit, key=lambda n: summary[n].vs_incumbent[label].ratio)
+
+
+def ungeneralized(summary: Summary, changed: list[str]) -> tuple[str, ...]:
+    """Changed buckets in which no held-back shape was timed (a tuned one, which may run any
+    bucket's knobs, checks none)."""
+    held = {sh.bucket for sh in summary.values() if sh.held_back and not sh.tuned}
+    return tuple(b for b in changed if b not in held)
+
+
+def _benchmark_buckets(summary: Summary) -> set:
     """The buckets of the benchmark's own shapes in a timing pass (held-back ones left out; the
     record's, over experiments, are perfloop.plan.search.benchmark_buckets)."""
-    return {shape["bucket"] for shape in summary.values()
-            if shape.get("bucket") is not None and not shape.get("held_back")}
+    return {shape.bucket for shape in summary.values()
+            if shape.bucket is not None and not shape.held_back}

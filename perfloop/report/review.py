@@ -16,7 +16,13 @@ from perfloop.core.naming import (
 )
 from perfloop.contract.playbook import freeze
 from perfloop.core.vocab import Correctness, Kind, Status
-from perfloop.store.records import Confirmation, Experiment, incumbent_timed, shape_stats
+from perfloop.store.records import (
+    Confirmation,
+    Experiment,
+    incumbent_timed,
+    shape_stats,
+    shape_timed,
+)
 
 DIFF_LINES, DIFF_CHARS = 120, 8000   # an edit's diff in a report; git show holds the rest
 ONE_PROCESS = "one-process confirmation"
@@ -105,7 +111,7 @@ def agent_edits(recs: list[Experiment], diffs: dict[int, str | None],
         out.append({"iteration": record.iteration, "describe": record.describe,
                     "status": record.status, "gain": record.gain, "reason": record.reason,
                     "commit": record.commit,
-                    "incumbent_before": record.extra.get("incumbent_before"),
+                    "incumbent_before": record.incumbent_before,
                     "ref": record.ref, "show": f"git show {record.ref}", "diff": shown,
                     "diff_lines_left_out": left,
                     "note": edit_note(record.ref, text, left)})
@@ -179,17 +185,18 @@ def shapes(recs: list[Experiment], names: list[str], incumbent: str,
     for name in names:
         best, inc = incumbent_timed(recs, incumbent, name)
         base = shape_stats(recs[0], name)
+        floor = shape_timed(best if inc else recs[0] if base else None, name)
         one = confirmed.get(name)
         out.append({
             "shape": name, "headline": name == headline,
-            "baseline_ms": base and base["median_ms"],
-            "incumbent_ms": inc and inc["median_ms"],
+            "baseline_ms": base and base.median_ms,
+            "incumbent_ms": inc and inc.median_ms,
             "incumbent_iteration": best.iteration if best else None,
-            "floor_ms": (inc or base or {}).get("floor_ms"),
-            "baseline_share_of_floor": base and base.get("share_of_floor"),
-            "incumbent_share_of_floor": inc and inc.get("share_of_floor"),
-            "baseline_tflops": base and base.get("tflops"),
-            "incumbent_tflops": inc and inc.get("tflops"),
+            "floor_ms": floor.floor_ms if floor else None,
+            "baseline_share_of_floor": base and base.share_of_floor,
+            "incumbent_share_of_floor": inc and inc.share_of_floor,
+            "baseline_tflops": base and base.tflops,
+            "incumbent_tflops": inc and inc.tflops,
             "speedup": one["speedup"] if one else None,
             "speedup_ci": one.get("speedup_ci") if one and not same else None,
             "speedup_method": method if one else None,
@@ -208,17 +215,18 @@ def latency_points(recs: list[Experiment], shape: str) -> list[dict]:
         chosen = shape_stats(record, shape)
         inc = shape_stats(record, shape, "incumbent")
         point: dict = {"iteration": record.iteration, "status": record.status,
-                 "correctness": record.correctness, "ms": chosen and chosen["median_ms"],
-                 "incumbent_ms": inc and inc["median_ms"], "candidates": []}
-        timing = record.timing or {}
-        first = (timing.get("selection") or {}).get(shape) \
-            or (timing.get("shapes") or {}).get(shape) or {}
-        picked = timing.get("chosen")
+                 "correctness": record.correctness, "ms": chosen and chosen.median_ms,
+                 "incumbent_ms": inc and inc.median_ms, "candidates": []}
+        timing = record.timing
+        first = ((timing.selection or {}).get(shape) or timing.shapes.get(shape)
+                 if timing else None)
+        picked = timing.chosen if timing else None
         outcomes = record.outcomes or {}
         for label, o in outcomes.items():
             if label == picked or record.kind == Kind.BASELINE or len(outcomes) == 1:
                 continue  # (a single candidate is the experiment's own point)
-            ms = (first.get("variants") or {}).get(label, {}).get("median_ms")
+            timed = first.variants.get(label) if first else None
+            ms = timed.median_ms if timed else None
             point["candidates"].append({"label": label, "outcome": o["outcome"], "ms": ms})
         out.append(point)
     return out

@@ -2,13 +2,15 @@
 kernel.toml's [workload]), cuTile against the best of its peers (torch.compile, PyTorch eager,
 which is cuBLAS for a matmul, and the kernel's own competitors, e.g. Triton), its share of the
 physical floor, and over the workload the geometric mean and the shapes below a bar. A pure
-function of a bench's summarized pass (perfloop.measure.phases.summarize_pass)."""
+function of a bench's summarized pass (perfloop.measure.phases.summarize_pass), read as the
+record types it (perfloop.store.records.ShapeSummary)."""
 
 from __future__ import annotations
 
 import math
 
 from perfloop.core.vocab import CONTROL, INCUMBENT
+from perfloop.store import records
 
 BAR = 0.90   # issue 26: every held-out shape at least 0.90 of the best peer
 
@@ -20,22 +22,22 @@ def view(summary: dict, labels: dict, held_out: dict, seed: int | None, bar: flo
     `vs_best_peer` is the best peer's time over cuTile's: 1.2 means cuTile is 1.2x faster,
     0.8 that it takes 1.25x the peer's time."""
     peers = [label for label in labels if label not in (INCUMBENT, CONTROL)]
-    rows = []
-    for name, shape in summary.items():
-        mine = shape["variants"][INCUMBENT]
-        timed = {p: shape["variants"][p]["median_ms"] for p in peers if p in shape["variants"]}
+    rows: list[dict] = []
+    for name, shape in records.summary(summary).items():
+        mine = shape.variants[INCUMBENT]
+        timed = {p: shape.variants[p].median_ms for p in peers if p in shape.variants}
         best = min(timed, key=timed.__getitem__) if timed else None
         rows.append({
             "shape": name, "held_out": name in held_out,
-            "bucket": shape.get("bucket") or held_out.get(name),
-            "own_bucket": shape.get("routed_from"),   # where it ran as another (routed)
-            **({"tuned": True} if shape.get("tuned") else {}),   # ... any measured one's knobs
-            "cutile_ms": round(mine["median_ms"], 5),
+            "bucket": shape.bucket or held_out.get(name),
+            "own_bucket": shape.routed_from,   # where it ran as another (routed)
+            **({"tuned": True} if shape.tuned else {}),   # ... any measured one's knobs
+            "cutile_ms": round(mine.median_ms, 5),
             "best_peer": labels.get(best, best),
             "best_peer_ms": round(timed[best], 5) if best else None,
-            "vs_best_peer": round(timed[best] / mine["median_ms"], 3) if best else None,
-            "share_of_floor": None if mine.get("share_of_floor") is None
-            else round(mine["share_of_floor"], 3)})
+            "vs_best_peer": round(timed[best] / mine.median_ms, 3) if best else None,
+            "share_of_floor": None if mine.share_of_floor is None
+            else round(mine.share_of_floor, 3)})
     ratios = [r["vs_best_peer"] for r in rows if r["vs_best_peer"]]
     held = [r["vs_best_peer"] for r in rows if r["held_out"] and r["vs_best_peer"]]
     return {"seed": seed, "bar": bar, "shapes": rows,

@@ -66,8 +66,8 @@ def measure(s: Session) -> dict:
                 f"{k}: {v['reason']}" for k, v in {**failed, **timing.excluded}.items())
             record["error"] = f"the confirmation could not be timed: {why}"
         else:
-            summary = phases.summarize_pass(timing.raw["passes"][0],
-                                            ceiling=timing.raw.get("ceilings"))
+            summary = records.summary(phases.summarize_pass(timing.raw["passes"][0],
+                                                            ceiling=timing.raw.get("ceilings")))
             record["shapes"] = {name: _speedup(shape) for name, shape in summary.items()}
             record.update(environment=timing.raw.get("environment"),
                           method=timing.raw.get("method"))
@@ -79,10 +79,10 @@ def _inverse(x: float) -> float | None:
     return 1 / x if x > 0 else None   # (NaN or no time: no speedup to quote)
 
 
-def _speedup(shape: dict) -> dict:
-    c = shape["vs_incumbent"][FINAL]
-    return {"ratio": c["ratio"], "ci_low": c["ci_low"], "ci_high": c["ci_high"],
-            "noise": c["noise"], "speedup": _inverse(c["ratio"]),
-            "speedup_ci": [_inverse(c["ci_high"]), _inverse(c["ci_low"])],
-            "baseline_ms": shape["variants"][INCUMBENT]["median_ms"],
-            "final_ms": shape["variants"][FINAL]["median_ms"]}
+def _speedup(shape: records.ShapeSummary) -> dict:
+    c = shape.vs_incumbent[FINAL]
+    return {"ratio": c.ratio, "ci_low": c.ci_low, "ci_high": c.ci_high,
+            "noise": c.noise, "speedup": _inverse(c.ratio),
+            "speedup_ci": [_inverse(c.ci_high), _inverse(c.ci_low)],
+            "baseline_ms": shape.variants[INCUMBENT].median_ms,
+            "final_ms": shape.variants[FINAL].median_ms}

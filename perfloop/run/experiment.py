@@ -193,7 +193,7 @@ def propose_variants(t: Trial) -> None:
         values = [None]
     elif t.kind == Kind.PLAYBOOK:
         from perfloop.plan import search
-        opt, recs = proposal.optimization, [r.to_dict() for r in s.records()]
+        opt, recs = proposal.optimization, s.records()
         assert opt is not None   # (a playbook experiment's proposal names its entry)
         # a joint search's patch holds where the headline runs; a catalog entry's everywhere
         bucket = (search.headline_bucket(recs, s.spec.headline.name)
@@ -376,8 +376,15 @@ def weigh_trial(t: Trial) -> decide.Verdict:
                        incumbent_knobs=t.incumbent_knobs)
 
 
-def _summary(t: Trial) -> dict | None:
+def _deciding(t: Trial) -> dict | None:
+    """The pass the decision is about (the last), as summarized; None without a best."""
     return t.passes[-1] if t.passes and t.best is not None else None
+
+
+def _summary(t: Trial) -> weigh.Summary | None:
+    """The deciding pass, typed as the record holds it."""
+    deciding = _deciding(t)
+    return records.summary(deciding) if deciding is not None else None
 
 
 def _chosen(t: Trial) -> dict:
@@ -450,7 +457,7 @@ def _commit(s: Session, message: str, files: dict) -> str:
 
 def record_trial(t: Trial, verdict: decide.Verdict, commit: str) -> records.Experiment:
     """The record line, written: the point of no return."""
-    s, summary, chosen = t.s, _summary(t), _chosen(t)
+    s, deciding, chosen = t.s, _deciding(t), _chosen(t)
     knob = t.proposal.optimization.knob if t.proposal.optimization else None
     knobs = _knobs_of(s, snapshot.from_commit(s.repo, commit, s.folder_rel), commit)
     value = t.values.get(chosen["label"])
@@ -470,12 +477,12 @@ def record_trial(t: Trial, verdict: decide.Verdict, commit: str) -> records.Expe
         "commit": commit, "incumbent_before": s.state.incumbent, "branch": s.state.branch,
         "ref": s.ref_name(t.iteration), "status": verdict.status,
         "correctness": verdict.correctness,
-        "latency_ms": _headline_ms(t, summary, verdict) if summary else None,
+        "latency_ms": _headline_ms(t, records.summary(deciding), verdict) if deciding else None,
         "decision": asdict(verdict),
         "outcomes": {label: {"value": labels.get(label), "outcome": o[0], "reason": o[1]}
                      for label, o in {**t.outcome, **t.screened}.items()},
         "correctness_detail": _correctness_detail(t.judged),
-        "timing": _timing_detail(t, summary or (t.passes or [None])[0]),
+        "timing": _timing_detail(t, deciding or (t.passes or [None])[0]),
         "environment": t.timing.raw.get("environment") if t.timing and t.timing.raw else None,
         "phases_s": {**t.phase_s, "total": phases.elapsed(t.t0)},
         "compile_ahead": t.compile_ahead, "started_at": t.started, "finished_at": time.time(),
@@ -495,11 +502,12 @@ def record_trial(t: Trial, verdict: decide.Verdict, commit: str) -> records.Expe
     return record
 
 
-def _headline_ms(t: Trial, summary: dict, verdict: decide.Verdict) -> float:
+def _headline_ms(t: Trial, summary: weigh.Summary, verdict: decide.Verdict) -> float:
     """The headline's median as committed: the incumbent's where its bucket was left out."""
     shape = summary[t.s.spec.headline.name]
-    label = INCUMBENT if shape.get("bucket") in verdict.dropped_buckets else t.best
-    return shape["variants"][label]["median_ms"]
+    label = INCUMBENT if shape.bucket in verdict.dropped_buckets else t.best
+    assert label is not None   # (a summary is only had with a best)
+    return shape.variants[label].median_ms
 
 
 def _correctness_detail(judged: judge.JudgeResult | None) -> dict:

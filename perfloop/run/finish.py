@@ -48,9 +48,9 @@ def _classify(s: Session, record: records.Experiment) -> None:
     """The class from the headline's work, against the ridge points of the device that timed
     the baseline (fixed bounds where it has none: a CPU clock)."""
     assert record.timing is not None   # (a timed baseline's)
-    shape = record.timing["shapes"][s.spec.headline.name]
-    done = traffic.from_record(shape)
-    peaks, bandwidth = roofline.roofline(record.timing.get("ceilings"), done.flops)
+    shape = record.timing.shapes[s.spec.headline.name]
+    done = traffic.from_record(shape.to_dict())
+    peaks, bandwidth = roofline.roofline(record.timing.ceilings, done.flops)
     found = decide.classify(done.bytes, done.flops, peaks, bandwidth, s.playbook.rules.classes)
     s.state.kernel_class, s.state.intensity, s.state.class_basis = found
 

@@ -9,6 +9,7 @@ import time
 from perfloop.contract import workload
 from perfloop.core.vocab import Outcome
 from perfloop.measure import phases
+from perfloop.store import records
 
 
 def screen(trial):
@@ -52,12 +53,13 @@ def sift(out: dict, timing, keep: int, shape: str) -> tuple[dict, dict]:
         return {label: (Outcome.SCREENED, f"not judged: screening failed ({timing.crashed})")
                 for label in labels[keep:]}, {}
     out = dict(out)
-    ratios = phases.summarize_pass(timing.raw["passes"][0])[shape]["vs_incumbent"]
+    timed_pass = records.summary(phases.summarize_pass(timing.raw["passes"][0]))
+    ratios = {label: c.ratio for label, c in timed_pass[shape].vs_incumbent.items()}
     alive = sorted((label for label in labels if out[label][0] == Outcome.OK and label in ratios),
-                   key=lambda label: ratios[label]["ratio"])
+                   key=lambda label: ratios[label])
     for label in alive[keep:]:
-        out[label] = (Outcome.SCREENED, f"screened out: {ratios[label]['ratio']:.3f}x the "
+        out[label] = (Outcome.SCREENED, f"screened out: {ratios[label]:.3f}x the "
                                         f"incumbent's time at {shape}, behind the {keep} "
                                         "fastest")
-    timed = {label: ratios[label]["ratio"] for label in alive}
+    timed = {label: ratios[label] for label in alive}
     return {label: o for label, o in out.items() if o[0] != Outcome.OK}, timed

@@ -7,20 +7,24 @@ parse, or lacks what the commands read, is therefore corruption, and is reported
 guessed at.
 
 Each line is read into an Experiment or a Confirmation, and written from one, by the one pair
-from_dict / to_dict: the fields the commands read are typed and checked; every other key of
-the line (the timing's raw samples, the sampler, the screening, what a later perfloop adds)
-is kept in `extra` untouched, so a line read and written back is the same line.
+from_dict / to_dict: the fields the commands read are typed and checked, down to the timing
+inside a line (TimingDetail: each shape's ShapeSummary, each variant's VariantStats and its
+comparison with the incumbent); every other key (the timing's raw samples, the judge's cases,
+what a later perfloop adds) is kept in `extra` untouched, so a line read and written back is
+the same line.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar
 
 from perfloop.core.atomic import dumps, write_text
 from perfloop.core.errors import CorruptRecord
+from perfloop.core.stats import Comparison
 from perfloop.core.vocab import Correctness, Kind, Status
 from perfloop.store import preflight
 
@@ -32,63 +36,168 @@ ANY = (object,)
 
 class _Record:
     """from_dict / to_dict over a dataclass whose fields say their JSON types in metadata:
-    `types` (a tuple), `enum` (a StrEnum the value must belong to), `required`."""
+    `types` (a tuple), `enum` (a StrEnum the value must belong to), `required`, `nulls`
+    (whether None is written, default NULLS_WRITTEN), `nan` (a number written as null, as
+    perfloop.core.atomic.dumps writes a NaN or an infinity, reads as NaN), and, for a value
+    that is itself a record, `record` (its class) or `each` (a JSON object of them, by name)."""
 
     # an optional field that is None: written as null (every experiment line has always
     # held every field), or left out (a confirmation's fields that only some lines have)
     NULLS_WRITTEN: ClassVar[bool]
 
     @classmethod
-    def from_dict(cls, raw: Any):
-        """The record of one parsed line; CorruptRecord saying what is wrong, in a few words."""
+    def from_dict(cls, raw: Any, at: str = ""):
+        """The record of one parsed object; CorruptRecord saying what is wrong, in a few words
+        (`at`: where a nested record lies in its line, e.g. "timing.shapes.head.")."""
         if not isinstance(raw, dict):
-            raise CorruptRecord("not a JSON object")
+            raise CorruptRecord(f"{at[:-1]} is not a JSON object" if at else "not a JSON object")
         typed, extra = {}, dict(raw)
         for f in fields(cls):
             if f.name == "extra":
                 continue
-            meta = f.metadata
+            meta, name = f.metadata, at + f.name
             if f.name not in raw:
                 if meta["required"]:
-                    raise CorruptRecord(f"missing {f.name}")
+                    raise CorruptRecord(f"missing {name}")
                 continue
             value = raw[f.name]
-            if value is None and not meta["required"]:
-                if not cls.NULLS_WRITTEN:
+            if value is None and meta["nan"]:
+                value = math.nan
+            elif value is None and not meta["required"]:
+                if not cls._nulls(meta):
                     continue  # (stays in extra: written back as it was)
             elif not isinstance(value, meta["types"]) or (  # (JSON's true is no number)
                     isinstance(value, bool) and int in meta["types"]):
-                raise CorruptRecord(f"{f.name} has the wrong type")
-            elif meta.get("enum"):
+                raise CorruptRecord(f"{name} has the wrong type")
+            elif meta["enum"]:
                 try:
                     value = meta["enum"](value)
                 except ValueError:
                     known = ", ".join(repr(m.value) for m in meta["enum"])
-                    raise CorruptRecord(f"{f.name} '{value}' is not one of {known}") from None
+                    raise CorruptRecord(f"{name} '{value}' is not one of {known}") from None
+            elif meta["record"]:
+                value = meta["record"].from_dict(value, name + ".")
+            elif meta["each"]:
+                value = {k: meta["each"].from_dict(v, f"{name}.{k}.") for k, v in value.items()}
             typed[f.name] = value
             del extra[f.name]
         record = cls(**typed, extra=extra)
         record._check()
         return record
 
+    @classmethod
+    def _nulls(cls, meta) -> bool:
+        return cls.NULLS_WRITTEN if meta["nulls"] is None else meta["nulls"]
+
     def _check(self) -> None:
         """What the field types cannot say."""
 
     def to_dict(self) -> dict:
-        """The line's object: every key it was read from, each typed field as it is now."""
+        """The object it was read from: every key, each typed field as it is now."""
         out = dict(self.extra)
         for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name == "extra" or value is None and not (
-                    f.metadata["required"] or self.NULLS_WRITTEN):
+            value, meta = getattr(self, f.name), f.metadata
+            if f.name == "extra" or value is None and not (meta["required"]
+                                                          or self._nulls(meta)):
                 continue
-            out[f.name] = value.value if f.metadata.get("enum") else value
+            if value is not None and meta["enum"]:
+                value = value.value
+            elif value is not None and meta["record"]:
+                value = value.to_dict()
+            elif value is not None and meta["each"]:
+                value = {k: v.to_dict() for k, v in value.items()}
+            out[f.name] = value
         return out
 
 
-def _f(*types, enum=None, required=True, default=None):
-    meta = {"types": types, "enum": enum, "required": required}
+def _f(*types, enum=None, required=True, default=None, nulls=None, nan=False, record=None,
+       each=None):
+    meta = {"types": types, "enum": enum, "required": required, "nulls": nulls, "nan": nan,
+            "record": record, "each": each}
     return field(metadata=meta) if required else field(default=default, metadata=meta)
+
+
+def _number(required=True):
+    """A float that the writer may have written as null (a NaN or an infinity)."""
+    return _f(*NUMBER, required=required, nan=True)
+
+
+# ---- a timing pass, as the record holds it (perfloop.measure.phases.summarize_pass) --------
+@dataclass(frozen=True, kw_only=True)
+class VariantStats(_Record):
+    """One variant's times at one shape in one timing pass; its raw samples, host times and
+    what a later perfloop adds stay in `extra`."""
+
+    NULLS_WRITTEN = False
+
+    median_ms: float = _number()
+    ci_low_ms: float = _number()
+    ci_high_ms: float = _number()
+    n: int = _f(int)
+    round_medians_ms: list = _f(list)   # one per round: what paired comparisons pair
+    share_of_floor: float | None = _f(*NUMBER, required=False)   # where a floor is known
+    gbps: float | None = _f(*NUMBER, required=False)
+    tflops: float | None = _f(*NUMBER, required=False)   # a kernel counting tensor FLOPs
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Versus(_Record):
+    """A variant against the incumbent at one shape: perfloop.core.stats.Comparison's fields."""
+
+    NULLS_WRITTEN = False
+
+    ratio: float = _number()
+    ci_low: float = _number()
+    ci_high: float = _number()
+    noise: float | None = _f(*NUMBER, required=False, nan=True)
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def comparison(self) -> Comparison:
+        return Comparison(self.ratio, self.ci_low, self.ci_high,
+                          0.0 if self.noise is None else self.noise)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShapeSummary(_Record):
+    """One shape in one timing pass: each variant's statistics and its comparison with the
+    incumbent, the A/A noise, the bucket whose knobs ran there and the physical floor; its
+    bytes and FLOPs (perfloop.contract.traffic.from_record reads them) stay in `extra`."""
+
+    NULLS_WRITTEN = False
+
+    variants: dict[str, VariantStats] = _f(dict, each=VariantStats)
+    vs_incumbent: dict[str, Versus] = _f(dict, each=Versus)   # every label but the incumbent
+    noise: float = _number()            # what the incumbent timed twice differs by
+    bucket: str | None = _f(str, type(None))
+    held_back: bool = _f(bool)          # guards a keep; never chooses
+    floor_ms: float | None = _f(*NUMBER, type(None))   # None: no floor known (a CPU clock)
+    tuned: bool | None = _f(bool, required=False)     # runs whichever finalist is fastest
+    routed_from: str | None = _f(str, required=False)  # its own bucket, where it runs as another
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TimingDetail(_Record):
+    """An experiment's timing as recorded: the deciding pass (`shapes`), the first pass where
+    a selection pass chose among several candidates first, the label chosen, and each
+    candidate's value."""
+
+    NULLS_WRITTEN = False
+
+    shapes: dict[str, ShapeSummary] = _f(dict, each=ShapeSummary)
+    selection: dict[str, ShapeSummary] | None = _f(dict, required=False, each=ShapeSummary)
+    chosen: str | None = _f(str, type(None))
+    labels: dict = _f(dict)             # candidate label -> the value it tried (playbook)
+    method: dict | None = _f(dict, required=False)
+    ceilings: dict | None = _f(dict, required=False)
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def first_pass(self) -> dict[str, ShapeSummary]:
+        """The pass in which every candidate was timed against the incumbent."""
+        return self.selection or self.shapes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -116,8 +225,16 @@ class Experiment(_Record):
     knob: str | None = _f(str, required=False)
     value: Any = _f(*ANY, required=False)
     outcomes: dict | None = _f(dict, required=False)    # label -> {value, outcome, reason}
-    timing: dict | None = _f(dict, required=False)      # None when nothing was timed
+    timing: TimingDetail | None = _f(dict, required=False, record=TimingDetail)  # None: untimed
     environment: dict | None = _f(dict, required=False)
+    # keys that some lines hold and others not (a later perfloop's, or an experiment's kind's):
+    # left out where absent. (incumbent_value stays in `extra`: its absence says the line was
+    # written before perfloop recorded it, which a null, the knob unset, does not.)
+    incumbent_before: str | None = _f(str, required=False, nulls=False)
+    every_bucket: bool | None = _f(bool, required=False, nulls=False)  # values ran in every
+                                                                       # bucket's entry too
+    sampler: dict | None = _f(dict, required=False, nulls=False)    # search.JointPlan's record
+    screening: dict | None = _f(dict, required=False, nulls=False)  # {shape, ratios}
     extra: dict = field(default_factory=dict)
 
     def _check(self) -> None:
@@ -172,11 +289,6 @@ def from_dict(raw: Any) -> Record:
     return (Confirmation if is_confirmation else Experiment).from_dict(raw)
 
 
-def plain(recs: list[Experiment]) -> list[dict]:
-    """The records as the line's objects, for the pure functions that read them so (search)."""
-    return [r.to_dict() for r in recs]
-
-
 def load(path: Path) -> list[Record]:
     if not path.exists():
         return []
@@ -205,18 +317,30 @@ def append(path: Path, record: Record) -> None:
 
 
 # ---- queries over the record ------------------------------------------------------
-def shape_stats(record: Experiment | None, shape: str, label: str | None = None) -> dict | None:
+def summary(timed_pass: dict) -> dict[str, ShapeSummary]:
+    """A summarized timing pass (perfloop.measure.phases.summarize_pass) as the record types it."""
+    return {name: ShapeSummary.from_dict(shape, f"{name}.") for name, shape in timed_pass.items()}
+
+
+def shape_timed(record: Experiment | None, shape: str) -> ShapeSummary | None:
+    """`shape` in the record's deciding pass (None where it was not timed)."""
+    return record.timing.shapes.get(shape) if record and record.timing else None
+
+
+def shape_stats(record: Experiment | None, shape: str,
+                label: str | None = None) -> VariantStats | None:
     """The variant's statistics at `shape` in the record's deciding pass (default: the chosen
-    variant), with the shape's floor."""
-    timing = (record.timing if record else None) or {}
-    entry = (timing.get("shapes") or {}).get(shape)
-    label = label or timing.get("chosen")
-    if entry is None or label not in entry["variants"]:
+    variant)."""
+    entry = shape_timed(record, shape)
+    if entry is None:
         return None
-    return {**entry["variants"][label], "floor_ms": entry.get("floor_ms")}
+    assert record is not None and record.timing is not None   # (shape_timed found it)
+    label = label or record.timing.chosen
+    return entry.variants.get(label) if label is not None else None
+
 
 def incumbent_timed(recs: list[Experiment], incumbent: str, shape: str
-                    ) -> tuple[Experiment | None, dict | None]:
+                    ) -> tuple[Experiment | None, VariantStats | None]:
     """The incumbent's statistics at `shape` and the experiment they come from: the one that
     made it the incumbent, or, where that one did not time the shape (a dispatch change times
     only the buckets it touches, and the headline), the kept experiment before it, and so on
@@ -227,6 +351,6 @@ def incumbent_timed(recs: list[Experiment], incumbent: str, shape: str
         stats = shape_stats(record, shape)
         if stats is not None:
             return record, stats
-        before = record.extra.get("incumbent_before")
+        before = record.incumbent_before
         record = by_commit.get(before) if before != record.commit else None
     return None, None
