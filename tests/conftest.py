@@ -4,12 +4,14 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTED = Path(__file__).resolve().parent / "scripted"
+LEGACY = Path(__file__).resolve().parent / "legacy" / "experiments.jsonl"   # written before the types
 
 # How long a step that takes a second or two on an idle machine may take before a test calls it
 # hung. Tests wait for events (a file, an exit, a line), never for a fixed time, so this only
@@ -99,6 +101,12 @@ def matmul():
     return import_module(ROOT / "kernels" / "matmul", "matmul_cpu")
 
 
+def judge_of(kernel: str) -> Path:
+    """A shipped kernel's judge, where its kernel.toml names it."""
+    manifest = tomllib.loads((ROOT / "kernels" / kernel / "kernel.toml").read_text())
+    return ROOT / manifest["judge"]
+
+
 def pythonpath() -> str:
     """perfloop's checkout first, then whatever PYTHONPATH already holds (on the GPU machine,
     where cuTile itself comes from)."""
@@ -146,7 +154,9 @@ class Scratch:
             shutil.copytree(ROOT / "kernels" / name, path / "kernels" / name,
                             ignore=shutil.ignore_patterns("RESULTS.md", "perf_results.md",
                                                           "__pycache__", "bench_*.py"))
-            shutil.copy(ROOT / "tests" / f"test_{name}.py", path / "tests" / f"test_{name}.py")
+            judge = judge_of(name)
+            (path / judge.relative_to(ROOT)).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(judge, path / judge.relative_to(ROOT))
         shutil.copytree(ROOT / "playbook", path / "playbook")
         git(path, "init", "-q", "-b", "main")
         git(path, "config", "user.email", "t@example.com")

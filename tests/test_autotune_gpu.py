@@ -5,9 +5,8 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
-
 import pytest
+from conftest import ROOT
 
 from perfloop.referee import clock as measure
 from perfloop.contract import autotune, dispatch
@@ -17,7 +16,6 @@ from perfloop.contract.playbook import SHIPPED, load
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.gpu
-ROOT = Path(__file__).resolve().parent.parent
 FOLDER = ROOT / "kernels" / "swiglu"
 SHAPE = Shape("t", (4096, 11008), "bfloat16")
 

@@ -5,6 +5,7 @@ import shutil
 
 import pytest
 from conftest import ROOT, git
+from support.cli import human
 
 from perfloop.contract import variants
 
@@ -23,8 +24,6 @@ def _broken_repo(tmp_path):
 
 def test_a_variant_that_cannot_compile_is_named(tmp_path):
     repo = _broken_repo(tmp_path)
-    from test_cli_errors import human
-
     code, out, err = human(repo, "check", "--kernel", "kernels/broken", "--arch", "sm_90")
     assert code == 1, err
     failures = [line for line in out.splitlines() if line.startswith("FAIL")]
@@ -43,8 +42,6 @@ def test_the_committed_dispatch_tables_variants_are_compiled_too(tmp_path):
     (repo / "tests").mkdir()
     (repo / "tests" / "judge_broken.py").write_text("")
     git(repo.parent, "init", "-q", str(repo))
-    from test_cli_errors import human
-
     code, out, err = human(repo, "check", "--kernel", "kernels/broken", "--arch", "sm_90")
     assert code == 1, err
     failures = [line for line in out.splitlines() if line.startswith("FAIL")]
@@ -68,8 +65,6 @@ def test_a_declared_finalist_is_compiled_too(tmp_path):
     (repo / "tests").mkdir()
     (repo / "tests" / "judge_broken.py").write_text("")
     git(repo.parent, "init", "-q", str(repo))
-    from test_cli_errors import human
-
     code, out, err = human(repo, "check", "--kernel", "kernels/broken", "--arch", "sm_90")
     assert code == 1, err + out
     failures = [line for line in out.splitlines() if line.startswith("FAIL")]
@@ -131,8 +126,6 @@ def test_a_sample_holds_every_value_then_n_more_seeded_rows_of_the_pairwise_set(
 
 def test_check_sample_compiles_a_subset_and_says_what_it_covers(tmp_path):
     repo = _broken_repo(tmp_path)
-    from test_cli_errors import human
-
     code, out, err = human(repo, "check", "--kernel", "kernels/broken", "--arch", "sm_90",
                            "--sample", "1", "--seed", "3", "--json")
     result = json.loads(out.strip().splitlines()[-1])
@@ -206,8 +199,6 @@ def test_a_compiler_killed_by_a_signal_is_tried_once_more():
 
 
 def test_all_combinations_past_the_cap_are_refused_in_one_line(tmp_path):
-    from test_cli_errors import human
-
     repo = _broken_repo(tmp_path)   # a small space: --all is taken (one tile fails to compile)
     code, out, err = human(repo, "check", "--kernel", "kernels/broken", "--arch", "sm_90",
                            "--all", "--json")

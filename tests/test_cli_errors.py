@@ -1,31 +1,16 @@
 """Bad input: one clear line, a non-zero exit, no traceback, and the repository unchanged."""
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 
 import pytest
-from conftest import ROOT, SCRIPTED, _has_gpu, git, pythonpath
+from conftest import ROOT, SCRIPTED, _has_gpu, git
 from hypothesis import given
 from hypothesis import strategies as st
+from support.cli import assert_one_line, human
 
 from perfloop.core import naming
 from perfloop.store import table
-
-
-def human(repo, *args):
-    """The CLI without --json: the error must be one line on stderr."""
-    proc = subprocess.run([sys.executable, "-m", "perfloop", *args], cwd=repo, text=True,
-                          capture_output=True, env={**os.environ, "PYTHONPATH": pythonpath()})
-    return proc.returncode, proc.stdout, proc.stderr
-
-
-def assert_one_line(stderr: str, *words: str):
-    lines = stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("perfloop: error: "), stderr
-    assert "Traceback" not in stderr and all(w in lines[0] for w in words), stderr
 
 
 def test_unknown_kernel(scratch):

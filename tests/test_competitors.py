@@ -4,15 +4,13 @@ each must compute what the kernel's judge asks of the cuTile kernel, on the judg
 bench checks the outputs it times, but only at the benchmark shapes on ordinary inputs."""
 
 import importlib.util
-from pathlib import Path
-
 import pytest
+from conftest import ROOT, judge_of
 
 from perfloop.contract.judge_api import check, module_for, tolerance
 
 torch = pytest.importorskip("torch")
 
-ROOT = Path(__file__).resolve().parent.parent
 SEEDS = (0, 1)
 # (kernel, dtype, dims): the judges' tails, and rows past the competitors' whole-row limit
 CASES = [("rmsnorm", "bfloat16", (257, 1000)), ("rmsnorm", "float16", (3, 5, 777)),
@@ -29,7 +27,7 @@ CASES = [("rmsnorm", "bfloat16", (257, 1000)), ("rmsnorm", "float16", (3, 5, 777
 
 def _judge(kernel: str):
     """The kernel's judge module, for its inputs and float64 reference."""
-    path = ROOT / "tests" / f"test_{kernel}.py"
+    path = judge_of(kernel)
     spec = importlib.util.spec_from_file_location(f"competitor_judge_{kernel}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -15,7 +15,7 @@ from conftest import Scratch, git
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from support.reliability import answer, hold_lock, spawn
-from test_resume import assert_consistent
+from support.runs import assert_consistent
 
 from perfloop.core.errors import Busy
 from perfloop.store import lock, table

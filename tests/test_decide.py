@@ -3,6 +3,7 @@
 from dataclasses import replace
 
 import pytest
+from conftest import ROOT
 
 from perfloop.contract.playbook import SHIPPED, load
 from perfloop.core.stats import Comparison
@@ -154,14 +155,12 @@ def test_a_kernel_tag_reorders_the_playbook_and_says_so():
 def test_an_entry_for_a_tag_alone_reaches_no_other_kernel_with_its_knobs():
     """warpgroup_tiles moves tile, worker_warps, occupancy and num_ctas, which a matmul has
     too: offered to it, its 2-D tile broke every matmul variant that took it (CI's check)."""
-    from pathlib import Path
-
     from perfloop.contract import variants
     from perfloop.contract.kernel import read_knobs
     from perfloop.contract.manifest import load_spec
 
     pb = load(SHIPPED)
-    root = Path(__file__).resolve().parent.parent
+    root = ROOT
     for name, offered in (("matmul", False), ("attention", True)):
         spec = load_spec(root / "kernels" / name, root)
         knobs = read_knobs(spec.folder / "knobs.json")

@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import Scratch, git, pythonpath
+from conftest import ROOT, Scratch, git, pythonpath
 from support.reliability import in_namespace, read_only, small
-from test_cli_errors import assert_one_line, human
+from support.cli import assert_one_line, human
 
 SANDBOX = "sandbox/scripted"
 
@@ -293,7 +293,7 @@ def test_a_shipped_kernel_is_still_a_usable_name(tmp_path):
 def test_a_crash_is_not_recorded_while_the_machine_lacks_room(tmp_path, monkeypatch):
     """The issue's full disk: the timing worker could not write its result and died, which
     read as the candidate's crash. A crash is recorded only where there was room."""
-    from test_records import LEGACY
+    from conftest import LEGACY
 
     from perfloop.core.errors import EnvironmentFailure
     from perfloop.core.vocab import Status
@@ -358,7 +358,7 @@ def test_every_git_write_is_one_of_gitops_writes():
     `s.repo.git.restore(...)`."""
     import ast
 
-    root = Path(__file__).resolve().parent.parent / "perfloop"
+    root = ROOT / "perfloop"
     for path in sorted(root.rglob("*.py")):
         tree = ast.parse(path.read_text())
         if path.name != "gitops.py" or path.parent.name != "store":

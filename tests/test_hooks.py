@@ -9,6 +9,7 @@ import types
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
 from perfloop.contract import hooks
 from perfloop.contract import outputs as verify
@@ -263,7 +264,7 @@ def test_matmul_at_its_shapes_passes_with_fp32_accumulation_and_fails_one_produc
 
 
 # ---- through the loop: the worker reads the hooks from the run's pinned kernel.py ----------
-SUPPORT = Path(__file__).resolve().parent / "support"
+SUPPORT = ROOT / "tests" / "support"
 
 
 @pytest.fixture
@@ -330,7 +331,7 @@ def test_the_shipped_kernels_declare_no_in_place_input_or_scratch(name):
     from perfloop.contract.kernel import import_module
     from perfloop.contract.manifest import load_spec
 
-    root = Path(__file__).resolve().parent.parent
+    root = ROOT
     module = import_module(root / "kernels" / name, f"shipped_{name}")
     spec = load_spec(root / "kernels" / name, root)
     small = Shape("small", tuple(min(d, 64) for d in spec.headline.dims), spec.headline.dtype)

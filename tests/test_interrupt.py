@@ -12,8 +12,7 @@ import signal
 import pytest
 from conftest import git
 from support.reliability import answer, group_alive, spawn, wait_until_timing
-from test_loop import GAINS
-from test_resume import assert_consistent
+from support.runs import GAINS, assert_consistent
 
 # every point where perfloop.core.faults can interrupt an experiment ("committed": right after
 # a commit, before the in-flight marker knows it); from "record" on, the experiment is

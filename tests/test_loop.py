@@ -5,14 +5,10 @@ import time
 
 import pytest
 from conftest import git
+from support.runs import GAINS, ROW
 
 from perfloop.store import table
 
-ROW = re.compile(r"^\| \d+ {0,8} \| .{40,} \| {0,10}(\d+\.\d{6})? \| (PASS|FAIL) {7} \| "
-                 r"(keep|revert|crash) *\|$")
-GAINS = [{"when": {"fast_math": True}, "factor": {"*": 0.8}},
-         {"when": {"tile": [1, 2048]}, "factor": {"*": 0.97}},
-         {"when": {"occupancy": 8}, "factor": {"head": 0.99}}]
 
 
 def test_table_format_is_exactly_the_seeds():

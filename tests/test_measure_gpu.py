@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
 from perfloop.core import envinfo
 from perfloop.contract.playbook import SHIPPED, load
@@ -16,7 +17,6 @@ from perfloop.referee import ceilings
 from perfloop.referee import clock as measure
 
 pytestmark = pytest.mark.gpu
-ROOT = Path(__file__).resolve().parent.parent
 FOLDER = ROOT / "kernels" / "swiglu"
 RULES = load(SHIPPED).rules
 SHAPES = [{"name": "mid", "dims": [2048, 4096], "dtype": "bfloat16", "headline": True},

@@ -17,9 +17,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
-MAIN = Path(__file__).resolve().parents[1]          # the perfloop checkout (/work/main)
-HERE = Path(__file__).resolve().parent / "readme_kernel"
+MAIN = ROOT          # the perfloop checkout (/work/main)
+HERE = ROOT / "tests" / "readme_kernel"
 NAME = "rmsnorm"
 KDIR = f"kernels/{NAME}"
 

@@ -1,12 +1,12 @@
 """The row norm written from the README (tests/readme_rownorm/) stays a kernel perfloop takes:
 its manifest, workload and finalists load, and its benchmark shapes fall in three buckets of
 their own, as the runs in docs/findings/2026-11-26-kernels-from-the-readme.md saw them."""
-from pathlib import Path
+from conftest import ROOT
 
 from perfloop.contract import workload
 from perfloop.contract.manifest import load_spec
 
-REPO = Path(__file__).resolve().parent / "readme_rownorm"
+REPO = ROOT / "tests" / "readme_rownorm"
 
 
 def test_the_readme_row_norm_loads_with_three_buckets_and_its_finalists():

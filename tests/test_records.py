@@ -2,16 +2,13 @@
 written before the types existed loading and writing back unchanged, and one-line errors."""
 
 import json
-from pathlib import Path
 
 import pytest
+from conftest import LEGACY
 
 from perfloop.core.errors import CorruptRecord
 from perfloop.core.vocab import Correctness, Kind, Outcome, Status
 from perfloop.store import records
-
-LEGACY = Path(__file__).resolve().parent / "legacy" / "experiments.jsonl"
-
 
 def legacy_lines() -> list[str]:
     return LEGACY.read_text().splitlines()

@@ -4,24 +4,11 @@ import json
 
 import pytest
 from conftest import git
-from test_loop import GAINS, ROW
+from support.runs import GAINS, assert_consistent
 
 from perfloop.store import table
 
 PHASES = ["started", "correctness", "timing", "commit", "record", "git", "table"]
-
-
-def assert_consistent(scratch, iterations: int):
-    state = json.loads((scratch.path / "sandbox/scripted/state.json").read_text())
-    recs = scratch.records()
-    rows = table.read_rows(scratch.path / "sandbox/scripted/perf_results.md")
-    assert state["in_flight"] is None
-    assert [r["iteration"] for r in recs] == list(range(iterations))     # each exactly once
-    assert [int(r[0]) for r in rows] == list(range(iterations))          # no half or extra row
-    assert all(ROW.match(line) for line in scratch.table().splitlines()[2:])
-    assert scratch.branch() == state["branch"] and scratch.head() == state["incumbent"]
-    assert git(scratch.path, "status", "--porcelain") == ""
-    return state, recs
 
 
 @pytest.mark.parametrize("phase", PHASES)

@@ -4,16 +4,15 @@ width up to 20000 (softmax: 70000) and the knobs that shape the tiles; and softm
 of few wide rows across blocks covers each row once."""
 
 import itertools
-from pathlib import Path
-
 import pytest
+from conftest import ROOT
 
 pytest.importorskip("cuda.tile")
 pytest.importorskip("torch")
 
 from perfloop.contract.kernel import import_module, read_knobs  # noqa: E402
 
-FOLDER = Path(__file__).resolve().parent.parent / "kernels" / "rmsnorm"
+FOLDER = ROOT / "kernels" / "rmsnorm"
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import git
+from conftest import ROOT, git
 
 from perfloop.referee import clock as measure
 from perfloop.contract import dispatch, knobspace
@@ -453,7 +453,7 @@ def test_a_restrict_that_fails_is_refused_before_a_run_and_leaves_a_step_consist
 def test_a_reductions_tile_rows_beside_block_elems_build_the_same_kernel(kernel):
     # the catalog must not offer, nor a dispatch keep, a tile whose rows the kernel ignores
     pytest.importorskip("cuda.tile")
-    folder = Path(__file__).resolve().parent.parent / "kernels" / kernel
+    folder = ROOT / "kernels" / kernel
     same = knobspace.same_for(folder)
     knobs = {k: tuple(v) if isinstance(v, list) else v
              for k, v in json.loads((folder / "knobs.json").read_text()).items()}

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import Scratch, git, pythonpath
+from conftest import ROOT, Scratch, git, pythonpath
 
 from perfloop.isolation import sandbox
 
@@ -129,7 +129,7 @@ def _digest(folder: Path) -> str:
 
 @LANDLOCK
 def test_kernel_code_cannot_write_a_git_hook_or_perfloops_own_source(scratch):
-    package = Path(__file__).resolve().parent.parent / "perfloop"
+    package = ROOT / "perfloop"
     before = _digest(package)
     e = _step(scratch, "plant")
     assert e["correctness"] == "PASS"
@@ -216,7 +216,7 @@ def test_a_child_that_runs_kernel_code_is_confined_where_the_kernel_allows(tmp_p
     ok.mkdir()
     secret.mkdir()
     (secret / "s.txt").write_text("secret")
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     said = _confined_attempts(
         f"sandbox.confine([{str(ok)!r}], sandbox.environment_reads({str(tmp_path)!r}))",
         {"write ok": f"open({str(ok / 'a')!r}, 'w').write('x')",

@@ -5,13 +5,12 @@ perfloop.contract.dispatch, perfloop.contract.tuneonce). All pure or in-process:
 from __future__ import annotations
 
 import types
-from pathlib import Path
 import tomllib
 import warnings
 
 import pytest
 import torch
-from conftest import FakeTime
+from conftest import ROOT, FakeTime
 
 from perfloop.contract import dispatch, tuneonce
 from perfloop.contract import workload as W
@@ -311,7 +310,7 @@ def test_a_declared_finalist_must_name_the_kernels_knobs(tmp_path):
     from perfloop.core.errors import UserError
     from perfloop.contract.manifest import load_spec
 
-    repo = Path(__file__).resolve().parents[1]
+    repo = ROOT
     folder = tmp_path / "rmsnorm"
     folder.mkdir()
     for name in ("kernel.py", "knobs.json"):
@@ -373,7 +372,7 @@ def test_every_measured_bucket_has_a_held_back_shape_of_its_own(kernel):
     # finalist wins: only one in the bucket is sure to run the bucket's entry
     from perfloop.contract.manifest import load_spec
 
-    folder = Path(__file__).resolve().parents[1] / "kernels" / kernel
+    folder = ROOT / "kernels" / kernel
     spec = load_spec(folder, folder.parents[1])
     own = {t["bucket"] for t in W.with_buckets(spec.held_back, spec.workload)
            if "routed_from" not in t}
@@ -386,7 +385,7 @@ def test_every_measured_bucket_has_a_held_back_shape_whatever_the_workload_draws
     # win to the fp16 and fp32 buckets was reverted whole: "no held-back shape was timed"
     from perfloop.contract.manifest import load_spec
 
-    folder = Path(__file__).resolve().parents[1] / "kernels" / kernel
+    folder = ROOT / "kernels" / kernel
     spec = load_spec(folder, folder.parents[1])
     checks = {t["bucket"] for t in W.with_buckets(W.held_out(spec, seed), spec.workload)
               if "routed_from" not in t}
@@ -401,7 +400,7 @@ def test_a_derived_held_back_shape_is_left_out_where_a_drawn_shape_checks_its_bu
 
     from perfloop.contract.manifest import load_spec
 
-    folder = Path(__file__).resolve().parents[1] / "kernels" / "softmax"
+    folder = ROOT / "kernels" / "softmax"
     spec = load_spec(folder, folder.parents[1])
     wl, seed = spec.workload, 7
     drawn = W.draw(wl, seed, tuple(spec.shapes) + tuple(spec.held_back))
