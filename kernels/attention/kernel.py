@@ -458,7 +458,7 @@ def traffic(shape) -> dict:
 
 
 # out's tolerance is twice PyTorch's own error in the dtype, the judge's rule
-# (tests/test_attention.py), as bounds that hold over make_inputs' draw: SDPA's math backend
+# (tests/judges/test_attention.py), as bounds that hold over make_inputs' draw: SDPA's math backend
 # in bf16 / fp16 against the float64 reference on the CPU machine (torch 2.13; head dims 64,
 # 128, 256; Sq x Sk of 9 x 9 to 2047 x 2047, 1 x 4096, 16 x 2048, 300 x 100; causal and not;
 # GQA 2) erred by up to 1.73e-3 / 2.2e-4 norm-wise and 3.9e-3 / 4.9e-4 x max(1, |ref|) per
