@@ -201,7 +201,7 @@ def test_a_finished_run_is_not_archived_by_a_plain_run_and_stays_readable_once_a
         scratch):
     # issue 53: a plain `run` on a finished run archived it silently; when the new baseline
     # then failed, status and report said "no run yet"
-    from test_cli_errors import human
+    from support.cli import human
 
     scratch.rules(max_iterations="0")
     scratch.commit_all("a run of the baseline alone")

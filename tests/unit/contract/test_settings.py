@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 from conftest import SCRIPTED, git
-from test_cli_errors import assert_one_line, human
+from support.cli import assert_one_line, human
 
 from perfloop.contract import playbook, settings
 from perfloop.core.errors import UserError
