@@ -1,44 +1,23 @@
 """One writer per kernel (and per working tree): a second writer is refused in one line naming
 the holder, readers still answer, a dead holder's lock is free, and commands started together
 leave one run with a consistent record. A table that no longer matches its record is rewritten
-from it, and --new sets aside a record that cannot be repaired."""
+from it, and --new sets aside a record that cannot be repaired. (The lock alone:
+tests/unit/store/test_lock.py.)"""
 
 import json
-import os
-import signal
 import subprocess
 import time
 from pathlib import Path
 
-import pytest
 from conftest import Scratch, git
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from support.reliability import answer, hold_lock, spawn
 from support.runs import assert_consistent
 
-from perfloop.core.errors import Busy
-from perfloop.store import lock, table
+from perfloop.store import table
 
 KERNEL_LOCK = "sandbox/.locks/scripted.lock"
-
-
-def test_a_second_holder_is_refused_naming_the_first_and_a_dead_ones_lock_is_free(tmp_path):
-    path = tmp_path / "locks" / "k.lock"
-    holder = hold_lock(path, command="perfloop run --kernel k")
-    try:
-        with pytest.raises(Busy) as refused:
-            with lock.hold(path, "kernel 'k'"):
-                pass
-        line = str(refused.value)
-        assert f"pid {holder.pid}" in line and "`perfloop run --kernel k`" in line
-        assert "since 20" in line and "kernel 'k' is in use" in line
-    finally:
-        holder.send_signal(signal.SIGKILL)  # a holder that dies without a word
-        holder.wait()
-    with lock.hold(path, "kernel 'k'", command="perfloop step"):
-        assert json.loads(path.read_text())["pid"] == os.getpid()
-    assert path.read_text() == ""  # (released: no holder left to name)
 
 
 def test_a_writer_is_refused_while_readers_answer(scratch):

@@ -165,14 +165,6 @@ def test_an_audit_written_before_the_cases_ran_passes_nothing(scratch, tmp_path)
     assert res.passed.get("c0") is not True and res.passed.get("c1") is not True
 
 
-def test_a_timing_result_that_is_not_a_result_reads_as_none(tmp_path):
-    for i, garbage in enumerate(["not json", "[1, 2]", ""]):
-        path = tmp_path / f"timing-{i}.json"
-        path.write_text(garbage)
-        assert phases._read_result(path) is None
-    assert phases._read_result(tmp_path / "missing.json") is None
-
-
 def test_shards_that_collect_cases_in_another_order_are_judged_again_whole(scratch, tmp_path):
     """Parameters from a set come in another order in each process (string hashing differs):
     contiguous shards of different orders skip some cases and repeat others. The variant is

@@ -10,17 +10,6 @@ from support.runs import GAINS, ROW
 from perfloop.store import table
 
 
-
-def test_table_format_is_exactly_the_seeds():
-    assert table.HEADER.splitlines()[0].split("|")[1:-1] == [
-        " iteration ", f" {'optimization':<40} ", " latency_ms ", " correctness ", " status "]
-    assert table.HEADER.splitlines()[1] == f"|----------:|:{'-' * 41}|-----------:|:------------|-------:|"
-    assert table.format_row(0, "baseline", 0.82, "PASS", "keep") == \
-        f"| 0         | {'baseline':<40} |   0.820000 | PASS        | keep   |\n"
-    assert table.format_row(3, "a|b", None, "FAIL", "crash") == \
-        f"| 3         | {'a/b':<40} |            | FAIL        | crash  |\n"
-
-
 def test_run_applies_one_optimization_per_iteration_and_stops_by_the_rules(scratch):
     scratch.script(GAINS)
     scratch.commit_all("script")
@@ -257,15 +246,3 @@ def test_a_kernel_folder_named_by_path_from_outside_its_repository(scratch, tmp_
     assert scratch.branch().startswith("cutile-perf-scripted-")
     assert len(scratch.records()) == 2 and scratch.records()[1]["status"] == "keep"
     assert list(elsewhere.iterdir()) == []          # nothing written where it was called from
-
-
-def test_the_latest_archived_run_is_the_one_that_started_last(tmp_path):
-    from perfloop.store.session import latest_archived
-
-    assert latest_archived(tmp_path / "none") is None
-    for name in ("cutile-perf-k-20250101-1700000300", "cutile-perf-k-20250101-2-1700000900",
-                 "cutile-perf-k-20250102-1700000500", "cutile-perf-k-20250103-1700009999"):
-        (tmp_path / name).mkdir()
-        if not name.endswith("9999"):   # (no state.json: not a run)
-            (tmp_path / name / "state.json").write_text("{}")
-    assert latest_archived(tmp_path).name == "cutile-perf-k-20250101-2-1700000900"

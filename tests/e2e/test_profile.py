@@ -1,6 +1,7 @@
 """Profiler evidence: `perfloop profile` with a stand-in for ncu (tests/support/fake_ncu.py) on
 PATH, with one that lacks permission to read counters, and with none; and how a recorded
-profile re-ranks `perfloop next`."""
+profile re-ranks `perfloop next`. ncu's output and the rules alone:
+tests/unit/measure/test_ncu.py and tests/unit/plan/test_profile_rank.py."""
 
 import json
 import os
@@ -13,10 +14,6 @@ import pytest
 from conftest import ROOT, Scratch, pythonpath
 
 from perfloop.isolation import sandbox
-from perfloop.contract.playbook import SHIPPED, Optimization
-from perfloop.measure import ncu
-from perfloop.plan import profile_rank
-from perfloop.plan.decide import Suggestion
 
 FAKE = ROOT / "tests" / "support" / "fake_ncu.py"
 DRAM = "dram__throughput.avg.pct_of_peak_sustained_elapsed"
@@ -54,119 +51,6 @@ def profile_with(started, fake_ncu, mode: str, **env):
     return cli(started, "profile", "--kernel", "scripted",
                path=f"{folder}{os.pathsep}{path_without_ncu()}", FAKE_NCU_MODE=mode,
                FAKE_NCU_LOG=str(log), **env)
-
-
-# ---- ncu's output -------------------------------------------------------------------------------
-CSV = """==PROF== Connected to process 11 (/usr/bin/python3)
-"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"
-"0","11","python3","h","fill(float*)","1","7","(128, 1, 1)","(8, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","nsecond","5,000"
-"1","11","python3","h","main_kernel","1","7","(128, 1, 1)","(1024, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","usecond","2,048.5"
-"1","11","python3","h","main_kernel","1","7","(128, 1, 1)","(1024, 1, 1)","0","9.0","Command line profiler metrics","launch__registers_per_thread","register/thread","168"
-"1","11","python3","h","main_kernel","1","7","(128, 1, 1)","(1024, 1, 1)","0","9.0","Command line profiler metrics","smsp__sass_inst_executed_op_local_ld.sum","inst","n/a"
-==PROF== Disconnected from process 11
-"""
-
-
-def test_ncu_csv_is_parsed_per_kernel_and_the_longest_kernel_is_the_one_that_counts():
-    # (5,000 ns of fill against 2,048.5 us of the main kernel: units count, not digits)
-    kernels = ncu.parse(CSV)
-    assert [k["name"] for k in kernels] == ["fill(float*)", "main_kernel"]
-    main = ncu.main_kernel(kernels)
-    assert main["name"] == "main_kernel" and main["grid"] == "(1024, 1, 1)"
-    assert main["metrics"]["gpu__time_duration.sum"] == {"unit": "usecond", "value": 2048.5,
-                                                         "raw": "2,048.5"}
-    picked = ncu.pick(main, {"registers": ["launch__registers_per_thread"],
-                             "spills": ["smsp__sass_inst_executed_op_local_ld.sum"],
-                             "tensor": ["nope", "launch__registers_per_thread"]})
-    assert picked["registers"] == {"metric": "launch__registers_per_thread", "value": 168.0,
-                                   "unit": "register/thread"}
-    assert "spills" not in picked and picked["tensor"]["value"] == 168.0   # n/a is no number
-
-
-def test_ncu_errors_are_recognized():
-    assert ncu.permission_denied("==ERROR== ERR_NVGPUCTRPERM - The user does not have ...")
-    wanted = [DRAM, GMMA, "smsp__sass_inst_executed_op_local_ld.sum"]
-    text = ("==ERROR== Failed to find metric regex:^sm__pipe_tensor_op_gmma_cycles_active\\.avg"
-            "\\.pct_of_peak_sustained_active$\n==ERROR== Failed to find metric "
-            "regex:^smsp__sass_inst_executed_op_local_ld\\.(sum|avg|min|max)$")
-    assert ncu.unknown_metrics(text, wanted) == wanted[1:]
-    assert ncu.unknown_metrics("==PROF== ok", wanted) == []
-    cmd = ncu.command("ncu", [DRAM, SM], ["python", "t.py"], log="x.csv", kernel_name="gemm")
-    assert cmd[:6] == ["ncu", "--csv", "--print-units", "base", "--metrics", f"{DRAM},{SM}"]
-    assert cmd[-4:] == ["--kernel-name", "regex:gemm", "python", "t.py"]
-    assert "--target-processes" in cmd and cmd[cmd.index("--profile-from-start") + 1] == "off"
-
-
-# ---- the rules, as a pure function ------------------------------------------------------------
-def _opt(opt_id, family):
-    return Optimization(opt_id, opt_id, family, opt_id, (1,), ("memory-bound",),
-                        {"memory-bound": 1}, "")
-
-
-RANKED = [Suggestion(_opt("fast_math", "math"), (True,), 1, "priority 1"),
-          Suggestion(_opt("memory_path", "memory"), ("x",), 2, "priority 2"),
-          Suggestion(_opt("tile_shape", "tile"), ((1, 2),), 3, "priority 3"),
-          Suggestion(_opt("occupancy", "occupancy"), (2,), 4, "priority 4")]
-
-
-def metrics(**values):
-    units = {"registers": "register/thread", "local_loads": "inst"}
-    return {k: {"metric": f"metric_of_{k}", "value": v, "unit": units.get(k, "%")}
-            for k, v in values.items()}
-
-
-def test_shipped_rules_move_memory_and_tile_up_for_a_dram_bound_profile():
-    rules = profile_rank.load(SHIPPED)
-    out = profile_rank.adjust(RANKED, metrics(dram_pct=85.0, sm_pct=30.0), rules, "memory-bound")
-    assert [sg.optimization.id for sg in out] == ["memory_path", "tile_shape", "fast_math",
-                                                  "occupancy"]
-    assert out[0].rank == -1 and out[0].reason.startswith(
-        "the profile: metric_of_dram_pct = 85% (>= 60), DRAM-bound, moved it up 3")
-    assert "moved it down 2" in out[2].reason and out[3].reason == "priority 4"
-
-
-def test_spills_and_low_occupancy_move_tile_and_occupancy_up():
-    rules = profile_rank.load(SHIPPED)
-    out = profile_rank.adjust(RANKED, metrics(local_loads=1024.0, occupancy_pct=22.0,
-                                              registers=255.0), rules, "memory-bound")
-    ids = [sg.optimization.id for sg in out]
-    assert ids[0] == "tile_shape" and ids.index("occupancy") < ids.index("memory_path")
-    assert out[0].rank == -1 and out[ids.index("occupancy")].rank == 1
-    assert "metric_of_local_loads = 1024 inst (> 0)" in out[0].reason   # the largest move
-    # a rule for matmuls does not fire on a memory-bound kernel without the tag
-    assert profile_rank.firing(rules, metrics(tensor_pct=5.0), "memory-bound") == []
-    assert profile_rank.firing(rules, metrics(tensor_pct=5.0), "memory-bound", ("matmul",))
-    # no metrics, no change
-    assert profile_rank.adjust(RANKED, {}, rules, "memory-bound") == RANKED
-
-
-def test_a_latency_bound_profile_puts_how_memory_is_issued_first():
-    # softmax's plain version on an H100: DRAM 31%, SM 23%, 13% occupancy at 168 registers;
-    # the TMA store was what held it back (2.9x), so the TMA entries must come before the tile
-    ranked = RANKED + [Suggestion(_opt("store_tma", "tma"), (False,), 1, "priority 1")]
-    rules = profile_rank.load(SHIPPED)
-    out = profile_rank.adjust(ranked, metrics(dram_pct=31.36, sm_pct=23.27, occupancy_pct=13.1,
-                                              registers=168.0), rules, "memory-bound")
-    ids = [sg.optimization.id for sg in out]
-    assert ids[0] == "store_tma" and ids.index("store_tma") < ids.index("tile_shape")
-    assert "latency-bound, moved it up 3" in out[0].reason
-    # a busy DRAM is not latency-bound
-    fired = profile_rank.firing(rules, metrics(dram_pct=45.0, sm_pct=20.0), "memory-bound")
-    assert "latency-bound" not in [rule.name for rule, _ in fired]
-
-
-def test_broken_rules_are_one_clear_line(tmp_path):
-    from perfloop.core.errors import UserError
-
-    (tmp_path / "profile_rules.toml").write_text(
-        '[metrics]\ndram_pct = ["d"]\n[[rule]]\nname = "x"\nwhen = { dram_pct = "about 60" }\n'
-        "move = { tile = -1 }\n")
-    with pytest.raises(UserError, match="must be '<op> <number>'"):
-        profile_rank.load(tmp_path)
-    (tmp_path / "profile_rules.toml").write_text(
-        '[metrics]\ndram_pct = ["d"]\n[[rule]]\nname = "x"\nwhen = { sm = "> 1" }\nmove = { tile = -1 }\n')
-    with pytest.raises(UserError, match="sm is not a key of"):
-        profile_rank.load(tmp_path)
 
 
 # ---- perfloop profile, and next ------------------------------------------------------------------

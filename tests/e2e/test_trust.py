@@ -12,12 +12,11 @@ import hashlib
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, Scratch, git, pythonpath
+from conftest import ROOT, Scratch, git
 
 from perfloop.isolation import sandbox
 
@@ -191,79 +190,6 @@ def test_perfloops_own_files_changed_since_the_run_started_refuse_the_next_step(
     code, out, _ = scratch.cli("step", "--kernel", "scripted", "--opt", "fast_math")
     assert code == 2 and "perfloop's own source files changed" in out["error"]
     assert len(scratch.records()) == 1
-
-
-def _confined_attempts(confine: str, attempts: dict, env: dict, cwd) -> str:
-    """In a fresh interpreter, `confine` (an expression that confines it and says how), then
-    each attempt (name -> an expression that touches a file): "name: done" or "name: refused"
-    for each, joined by ";"."""
-    tries = ", ".join(f"({name!r}, lambda: {expr})" for name, expr in attempts.items())
-    code = (f"import os\nfrom perfloop.isolation import sandbox\nprint({confine})\nout = []\n"
-            f"for what, fn in ({tries},):\n    try:\n        fn()\n"
-            f"        out.append(what + ': done')\n    except OSError:\n"
-            f"        out.append(what + ': refused')\nprint(';'.join(out))\n")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            env=env, cwd=cwd)
-    lines = result.stdout.strip().splitlines()
-    assert lines and lines[0].startswith("landlock ABI"), result
-    return lines[1]
-
-
-@LANDLOCK
-def test_a_child_that_runs_kernel_code_is_confined_where_the_kernel_allows(tmp_path):
-    """The sandbox itself: writes only beneath the allowed folders, reads only the allowed."""
-    ok, secret = tmp_path / "ok", tmp_path / "secret"
-    ok.mkdir()
-    secret.mkdir()
-    (secret / "s.txt").write_text("secret")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    said = _confined_attempts(
-        f"sandbox.confine([{str(ok)!r}], sandbox.environment_reads({str(tmp_path)!r}))",
-        {"write ok": f"open({str(ok / 'a')!r}, 'w').write('x')",
-         "write secret": f"open({str(secret / 'b')!r}, 'w').write('x')",
-         "read secret": f"open({str(secret / 's.txt')!r}).read()"}, env, tmp_path)
-    assert said == "write ok: done;write secret: refused;read secret: refused"
-
-
-@LANDLOCK
-def test_a_confined_child_opens_devices_and_shared_memory_but_makes_nothing_in_dev(tmp_path):
-    """/dev/null and memory the trusted side shared (a file it made in /dev/shm) open for
-    writing, and the file may be removed (torch unlinks what it was the last to use); a new
-    file in /dev/shm, and any other device, do not."""
-    shared = Path("/dev/shm") / f"perfloop_test_{os.getpid()}_{tmp_path.name}"
-    made = shared.with_name(shared.name + "_made.py")
-    removed = shared.with_name(shared.name + "_removed")
-    shared.write_bytes(b"\0" * 64)
-    removed.write_bytes(b"\0")
-    env = sandbox.child_environment({**os.environ, "PYTHONPATH": pythonpath()},
-                                    tmp_path / "child", reads=[], root=tmp_path)
-    try:
-        said = _confined_attempts(
-            "sandbox.apply_from_environ()",
-            {"null": "open('/dev/null', 'w').write('x')",
-             "shared": f"open({str(shared)!r}, 'r+b').write(b'y')",
-             "made": f"open({str(made)!r}, 'w').write('VALUE = 1')",
-             "removed": f"os.unlink({str(removed)!r})",
-             "random": "open('/dev/random', 'wb').write(b'x')"}, env, tmp_path)
-        assert said == "null: done;shared: done;made: refused;removed: done;random: refused"
-        assert shared.read_bytes()[:1] == b"y" and not made.exists() and not removed.exists()
-    finally:
-        for path in (shared, made, removed):
-            path.unlink(missing_ok=True)
-
-
-def test_a_timer_started_ahead_leaves_cutile_to_its_launchers(tmp_path):
-    # cuda.tile imported in the timer makes its context (a temporary folder in /tmp) before the
-    # launchers are forked: confined, they could not write there
-    task = tmp_path / "task.json"
-    task.write_text("{}")
-    code = ("import sys; from perfloop.isolation.lifeline import wait_for_task; "
-            "from perfloop.referee import timer; from pathlib import Path; "
-            f"assert wait_for_task(Path({str(task)!r}), timer.PRELOAD); "
-            "print('cuda.tile' in sys.modules, 'torch' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": pythonpath()}, check=True).stdout
-    assert out.split() == ["False", "True"]
 
 
 def test_a_fifo_in_the_kernel_folder_stalls_no_trusted_process(scratch):
