@@ -3,23 +3,15 @@ fed by the same progress files as the hang watchdog; otherwise nothing changes i
 
 import io
 import json
-import os
-import subprocess
 import sys
 
 import pytest
-from conftest import HANG_S, pythonpath
+from conftest import HANG_S
 
 from perfloop.core import progress
 from perfloop.measure import process as child
 
 ANSI = "\x1b["
-COMPILE_AHEAD = '''
-
-def compile_ahead(knobs, shapes, arch):
-    import time
-    time.sleep(0.05)
-'''
 
 
 class Terminal(io.StringIO):
@@ -84,48 +76,3 @@ def test_the_watchdogs_reading_of_a_childs_progress_feeds_the_line(tmp_path):
                     on_progress=on_progress)
     assert res.returncode == 0
     assert seen == [0, 1, 2, 3]
-
-
-def perfloop(scratch, *args, **env):
-    proc = subprocess.run([sys.executable, "-m", "perfloop", *args], cwd=scratch.path,
-                          capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": pythonpath(), **env})
-    return proc.returncode, proc.stdout, proc.stderr
-
-
-def test_a_step_shows_the_judge_and_the_timing_only_when_asked(scratch):
-    scratch.script([{"when": {"tile": [1, 2048]}, "factor": {"*": 0.9}}])
-    scratch.commit_all("script")
-    assert scratch.cli("init", "--kernel", "scripted")[0] == 0
-    # stdout and stderr are pipes here: nothing but the answer
-    code, out, err = perfloop(scratch, "step", "--kernel", "scripted", "--opt", "fast_math")
-    assert code == 0 and err == "" and ANSI not in out
-    assert out.splitlines()[0].startswith("iteration 1 ") and out.splitlines()[1].startswith("next: ")
-    # forced, as on a terminal: the lines appear on stderr, the answer on stdout is unchanged
-    code, out, err = perfloop(scratch, "step", "--kernel", "scripted", "--opt", "tile_shape",
-                              PERFLOOP_PROGRESS="1")
-    assert code == 0 and ANSI not in out and "judge" not in out
-    assert out.splitlines()[0].startswith("iteration 2 ") and len(out.splitlines()) == 2
-    for words in ("iteration 2", "tile_shape", "judge", "cases run", "timing"):
-        assert words in err, words
-    # under --json, never: one JSON object and an empty stderr, forced or not
-    for env in ({}, {"PERFLOOP_PROGRESS": "1"}):
-        code, out, err = perfloop(scratch, "step", "--kernel", "scripted", "--opt", "occupancy",
-                                  "--json", **env)
-        assert err == "" and len(out.splitlines()) == 1 and json.loads(out)["ok"]
-    assert [r["optimization"] for r in scratch.records()[-2:]] == ["occupancy", "occupancy"]
-
-
-def test_check_shows_what_it_compiles(scratch):
-    with open(scratch.kernel / "kernel.py", "a") as f:
-        f.write(COMPILE_AHEAD)
-    scratch.commit_all("compile ahead")
-    code, quiet, err = perfloop(scratch, "check", "--kernel", "scripted", "--arch", "sm_90")
-    assert code == 0 and err == "" and ANSI not in quiet
-    code, shown, err = perfloop(scratch, "check", "--kernel", "scripted", "--arch", "sm_90",
-                                PERFLOOP_PROGRESS="1")
-    assert code == 0 and "compile" in err and "sm_90 fast_math=" in err
-    assert ANSI not in shown and shown.split(" in ")[0] == quiet.split(" in ")[0]
-    code, out, err = perfloop(scratch, "check", "--kernel", "scripted", "--arch", "sm_90",
-                              "--json", PERFLOOP_PROGRESS="1")
-    assert code == 0 and err == "" and json.loads(out)["failures"] == []

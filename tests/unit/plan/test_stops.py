@@ -1,28 +1,16 @@
 """Why a run stopped is a StopReason, never read back from its words: each stop resumes by its
-reason whatever its line says, and a state file written before the reasons existed resumes."""
+reason whatever its line says, and a state file written before the reasons existed resumes;
+here as pure functions, through the CLI in tests/e2e/test_stops.py."""
 
 import json
 
 import pytest
+from support.stops import FINAL, OLD_WORDS
 
 from perfloop.contract.playbook import SHIPPED, load
 from perfloop.core.vocab import Stop, StopReason
 from perfloop.plan import decide
 from perfloop.store.session import LEGACY_STOP_WORDS, State, legacy_stop
-
-FINAL = [r for r in StopReason if r.final]
-# the words each rule wrote into a schema-2 state file
-OLD_WORDS = {
-    StopReason.MAX_ITERATIONS: "reached the iteration limit (25)",
-    StopReason.ROOFLINE: "at the roofline: every shape runs at 97% of its physical floor or "
-                         "more (least: head at 98.1%); nothing measurable is left",
-    StopReason.NO_IMPROVEMENT: "no improvement in 2 consecutive iterations",
-    StopReason.NOTHING_LEFT: "nothing left to try",
-    StopReason.BASELINE_FAILED: "the baseline did not pass (correctness failed (a)); fix the "
-                                "kernel first",
-    StopReason.MINOR_GAIN: "1.20% faster: kept, gain under 2%: stop",
-    StopReason.UNRECOGNISED: "stopped by words no rule ever wrote",
-}
 
 
 def state(**changes) -> State:
@@ -31,7 +19,6 @@ def state(**changes) -> State:
                  **changes)
 
 
-# ---- pure ------------------------------------------------------------------------------------
 def test_each_stop_rule_names_its_reason():
     rules = load(SHIPPED).rules
     keep = decide.Verdict("keep", "PASS", "10% faster", 0.1, improved=True)
@@ -84,62 +71,3 @@ def test_a_state_file_with_a_stop_that_makes_no_sense_is_refused(change, problem
     raw = {**state(stop=Stop(StopReason.ROOFLINE, "x")).to_dict(), **change}
     with pytest.raises(ValueError, match=problem):
         State.from_dict(raw)
-
-
-# ---- through the CLI -------------------------------------------------------------------------
-def edit_state(scratch, **changes):
-    path = scratch.path / "sandbox/scripted/state.json"
-    raw = {**json.loads(path.read_text()), **changes}
-    path.write_text(json.dumps({k: v for k, v in raw.items() if v is not ...}))
-
-
-def test_resume_after_each_stop_goes_by_its_reason_not_its_words(started):
-    experiments = len(started.records())
-    for n, reason in enumerate(FINAL):
-        line = f"line {n}: {OLD_WORDS[StopReason.NOTHING_LEFT]}"   # words that name no reason
-        edit_state(started, stopped=line, stop_reason=reason.value)
-        code, st, err = started.cli("status", "--kernel", "scripted")
-        assert code == 0, err
-        assert (st["stopped"], st["stopped_by"], st["interrupted"]) == (line, reason, None)
-        code, out, err = started.cli("next", "--kernel", "scripted")
-        assert code == 0 and (out["stopped"], out["stopped_by"]) == (line, reason), err
-        code, out, err = started.cli("run", "--kernel", "scripted", "--resume")
-        assert code == 0, err
-        assert (out["stop_reason"], out["stopped_by"]) == (line, reason)
-        assert out["experiments_this_call"] == [] and len(started.records()) == experiments
-        code, r, err = started.cli("report", "--kernel", "scripted")
-        assert code == 0 and (r["stopped"], r["stopped_by"], r["stop_reason"]) == (
-            line, reason, line), err
-
-
-def test_runs_paused_by_their_reason_go_on_when_resumed(started):
-    code, out, err = started.cli("run", "--kernel", "scripted", "--resume", "--max-iterations", "0")
-    assert code == 0 and out["stopped_by"] == StopReason.ITERATIONS_ASKED, err
-    assert out["stop_reason"] == "stopped after 0 iterations as asked (--max-iterations)"
-    assert out["status"]["stopped"] is None and out["status"]["stopped_by"] is None
-    edit_state(started, interrupted="interrupted at 10:00:00")
-    code, st, _ = started.cli("status", "--kernel", "scripted")
-    assert st["interrupted"] == "interrupted at 10:00:00" and st["stopped_by"] is None
-    code, out, err = started.cli("run", "--kernel", "scripted", "--resume", "--max-iterations", "1")
-    assert code == 0 and len(out["experiments_this_call"]) == 1, err
-    assert out["stopped_by"] == StopReason.ITERATIONS_ASKED and out["status"]["interrupted"] is None
-
-
-def test_a_state_file_of_the_previous_version_resumes(started):
-    """Schema 2: no stop_reason, a stop kept as its words, an interruption as a line."""
-    edit_state(started, schema=2, stop_reason=..., interrupted="interrupted at 10:00:00")
-    code, out, err = started.cli("run", "--kernel", "scripted", "--resume", "--max-iterations", "1")
-    assert code == 0 and len(out["experiments_this_call"]) == 1, err
-    assert json.loads((started.path / "sandbox/scripted/state.json").read_text())["schema"] == 3
-    for reason, words in OLD_WORDS.items():
-        edit_state(started, schema=2, stop_reason=..., stopped=words)
-        code, out, err = started.cli("run", "--kernel", "scripted", "--resume")
-        assert code == 0 and (out["stop_reason"], out["stopped_by"]) == (words, reason), err
-        assert out["experiments_this_call"] == []
-
-
-def test_a_broken_stop_in_the_state_file_is_one_line(started):
-    edit_state(started, stopped="x", stop_reason="tired")
-    code, out, _ = started.cli("status", "--kernel", "scripted")
-    assert code == 2 and "state.json is corrupted" in out["error"] and "tired" in out["error"]
-    assert "\n" not in out["error"]

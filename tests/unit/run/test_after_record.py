@@ -6,7 +6,6 @@ import argparse
 import errno
 
 import pytest
-from conftest import git
 
 from perfloop import cli
 from perfloop.core.errors import AfterRecord, EnvironmentFailure, UserError
@@ -62,27 +61,3 @@ def test_interruptions_and_answers_already_after_the_record_pass_through():
             with recorded.past(RECORD, "finishing it", recorded.FINISH):
                 raise raised
         assert caught.value is raised
-
-
-def test_a_step_whose_ref_cannot_be_set_after_its_record_says_it_was_recorded(started):
-    # git cannot write the experiment's ref (a lock another git holds): the record line is
-    # written, so the experiment stands and resume finishes it
-    branch = started.branch()
-    lock = started.path / ".git" / "refs" / "perfloop" / branch / "iter-01.lock"
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    lock.write_text("")
-    code, out, err = started.cli("step", "--kernel", "scripted", "--opt", "fast_math")
-    assert code == 1 and out["exit_code"] == 1, err
-    assert out["error"].startswith("iteration 1 was recorded ("), out["error"]
-    assert "finishing it" in out["error"] and "git failed" in out["error"], out["error"]
-    assert "step --resume" in out["error"] and "unrecorded" not in out["error"]
-    assert len(started.records()) == 2
-    lock.unlink()
-    code, out, err = started.cli("step", "--kernel", "scripted", "--resume")
-    assert code == 0, err
-    assert out["experiment"]["iteration"] == 1
-    code, status, _ = started.cli("status", "--kernel", "scripted")
-    assert status["in_flight"] is None and status["iterations"] == 2
-    assert git(started.path, "rev-parse", f"refs/perfloop/{branch}/iter-01") == \
-        started.records()[1]["commit"]
-    assert started.table().count("\n| ") == 2
