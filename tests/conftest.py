@@ -1,4 +1,3 @@
-import inspect
 import json
 import os
 import shutil
@@ -58,31 +57,7 @@ def _has_gpu() -> bool:
     return torch.cuda.is_available()
 
 
-# tests that run perfloop end to end in a scratch repository: each command starts a judge and a
-# timer with their children (15-30 CPU seconds an experiment on the 2-core CPU machine), so
-# they run with `-m slow` (CI runs both), unless marked `smoke`
-END_TO_END = {"scratch", "started", "initialized", "inplace", "gains", "finished", "repo",
-              "swiglu_scratch"}
-
-
-RUNS_PERFLOOP = (".cli(", "Scratch(", "Scratch.", '"-m", "perfloop"', "subprocess.Popen(")
-
-
-def _end_to_end(item) -> bool:
-    if END_TO_END & set(getattr(item, "fixturenames", ())):
-        return True
-    try:
-        source = inspect.getsource(item.function)
-    except (AttributeError, OSError, TypeError):
-        return False
-    return any(sign in source for sign in RUNS_PERFLOOP)
-
-
-@pytest.hookimpl(tryfirst=True)  # (before -m deselects by marker)
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if _end_to_end(item) and not item.get_closest_marker("smoke"):
-            item.add_marker(pytest.mark.slow)
     if _has_gpu():
         return
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU with cuTile")

@@ -330,6 +330,7 @@ SWIGLU_ATTACKS = {
 }
 
 
+@pytest.mark.smoke  # no run: a check of the edits below, which CI cannot apply without a GPU
 def test_the_swiglu_attacks_still_match_the_shipped_kernel():
     # the GPU tests below patch kernel.py by text: an edit of the kernel must not leave them
     # patching nothing (CI has no GPU, so this is where a drift shows)

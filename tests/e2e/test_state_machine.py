@@ -46,8 +46,6 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-pytestmark = pytest.mark.slow  # every example runs perfloop commands end to end
-
 EXAMPLES = int(os.environ.get("PERFLOOP_STATE_MACHINE_EXAMPLES", "20"))
 STEPS = int(os.environ.get("PERFLOOP_STATE_MACHINE_STEPS", "10"))
 
