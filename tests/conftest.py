@@ -124,14 +124,13 @@ class Scratch:
         playbook, as a user's would; `kernel` is the first one's folder."""
         self = cls.__new__(cls)
         self.path, self.kernel = path, path / "kernels" / names[0]
-        (path / "tests").mkdir(parents=True)
         for name in names:
             shutil.copytree(ROOT / "kernels" / name, path / "kernels" / name,
                             ignore=shutil.ignore_patterns("RESULTS.md", "perf_results.md",
                                                           "__pycache__", "bench_*.py"))
-            judge = judge_of(name)
-            (path / judge.relative_to(ROOT)).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(judge, path / judge.relative_to(ROOT))
+            judges = judge_of(name).parent   # the judge's folder: its helpers beside it
+            shutil.copytree(judges, path / judges.relative_to(ROOT), dirs_exist_ok=True,
+                            ignore=shutil.ignore_patterns("__pycache__"))
         shutil.copytree(ROOT / "playbook", path / "playbook")
         git(path, "init", "-q", "-b", "main")
         git(path, "config", "user.email", "t@example.com")

@@ -204,7 +204,7 @@ EITHER = ("timed output differs from the reference", "replayed judge case")
     ("cache", EITHER),        # computes once, then returns
     ("sniff", EITHER),        # right only under pytest
     ("tamper-judge", "correctness failed"),  # wrong, and rewrites the comparison beside it
-    # (memo and tamper are right and gain nothing: tests/test_trust.py times them for real)
+    # (memo and tamper are right and gain nothing: tests/e2e/test_trust.py times them for real)
 ])
 def test_a_kernel_that_cheats_where_the_judge_cannot_see_fails(scratch, mode, reason):
     before, out = _cheat(scratch, mode)
@@ -237,7 +237,7 @@ def test_a_kernel_that_reads_the_timers_progress_cannot_tell_a_replay(scratch):
 def test_a_kernel_that_ends_the_judge_early_with_status_0_is_not_kept(scratch):
     """The judge's cases are n = 1, 5, 1000 and the timer's 256 to 1024: a kernel that exits
     quietly at n = 5 has passed n = 1 and never runs n = 5 or 1000. (Judged in shards:
-    tests/test_search.py.)"""
+    tests/e2e/test_search.py.)"""
     before, out = _cheat(scratch, "exit-at-5")
     e = out["experiment"]
     assert e["status"] == "crash" and e["correctness"] == "FAIL", e

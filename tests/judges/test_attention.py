@@ -14,7 +14,7 @@ Run by hand (GPU tests), it judges the committed knobs on every case, and on QUI
 knob combinations in which every value the playbook can give every knob occurs at least once
 (what `perfloop check --sample 0` compiles), and a few combinations; run by the loop, exactly
 the candidates the loop asks about, on every case. Without a GPU, the plain tests run the
-kernel's tiles block by block on the CPU (tests/support/tile_emulator.py) against the same
+kernel's tiles block by block on the CPU (tile_emulator.py, beside this file) against the same
 rule, and check the launch plan, the reference, the traffic, the tolerance and the buckets.
 """
 
@@ -28,8 +28,7 @@ from perfloop.correctness import check, module_for, requested_variants
 
 torch = pytest.importorskip("torch")
 
-# the repository, or the run's pinned copy of it: the nearest folder above this file with kernels/
-ROOT = next(p for p in Path(__file__).resolve().parents if (p / "kernels").is_dir())
+ROOT = Path(__file__).resolve().parents[2]   # (this file: tests/judges/)
 FOLDER = ROOT / "kernels" / "attention"
 gpu = pytest.mark.gpu
 by_hand = pytest.mark.skipif(requested_variants() is not None,
@@ -241,7 +240,7 @@ def emulated(monkeypatch):
     """kernel.py imported afresh with its blocks run on the CPU by tile_emulator."""
     from perfloop.contract import kernel_tools
     from perfloop.contract.kernel import import_module
-    from support.tile_emulator import Emulator
+    from tile_emulator import Emulator
 
     module = import_module(FOLDER, "attention_emulated")
     Emulator().install(module)
