@@ -1,15 +1,16 @@
-import inspect
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTED = Path(__file__).resolve().parent / "scripted"
+LEGACY = Path(__file__).resolve().parent / "legacy" / "experiments.jsonl"   # written before the types
 
 # How long a step that takes a second or two on an idle machine may take before a test calls it
 # hung. Tests wait for events (a file, an exit, a line), never for a fixed time, so this only
@@ -56,31 +57,7 @@ def _has_gpu() -> bool:
     return torch.cuda.is_available()
 
 
-# tests that run perfloop end to end in a scratch repository: each command starts a judge and a
-# timer with their children (15-30 CPU seconds an experiment on the 2-core CPU machine), so
-# they run with `-m slow` (CI runs both), unless marked `smoke`
-END_TO_END = {"scratch", "started", "initialized", "inplace", "gains", "finished", "repo",
-              "swiglu_scratch"}
-
-
-RUNS_PERFLOOP = (".cli(", "Scratch(", "Scratch.", '"-m", "perfloop"', "subprocess.Popen(")
-
-
-def _end_to_end(item) -> bool:
-    if END_TO_END & set(getattr(item, "fixturenames", ())):
-        return True
-    try:
-        source = inspect.getsource(item.function)
-    except (AttributeError, OSError, TypeError):
-        return False
-    return any(sign in source for sign in RUNS_PERFLOOP)
-
-
-@pytest.hookimpl(tryfirst=True)  # (before -m deselects by marker)
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if _end_to_end(item) and not item.get_closest_marker("smoke"):
-            item.add_marker(pytest.mark.slow)
     if _has_gpu():
         return
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU with cuTile")
@@ -97,6 +74,12 @@ def matmul():
     from perfloop.contract.kernel import import_module
 
     return import_module(ROOT / "kernels" / "matmul", "matmul_cpu")
+
+
+def judge_of(kernel: str) -> Path:
+    """A shipped kernel's judge, where its kernel.toml names it."""
+    manifest = tomllib.loads((ROOT / "kernels" / kernel / "kernel.toml").read_text())
+    return ROOT / manifest["judge"]
 
 
 def pythonpath() -> str:
@@ -141,12 +124,13 @@ class Scratch:
         playbook, as a user's would; `kernel` is the first one's folder."""
         self = cls.__new__(cls)
         self.path, self.kernel = path, path / "kernels" / names[0]
-        (path / "tests").mkdir(parents=True)
         for name in names:
             shutil.copytree(ROOT / "kernels" / name, path / "kernels" / name,
                             ignore=shutil.ignore_patterns("RESULTS.md", "perf_results.md",
                                                           "__pycache__", "bench_*.py"))
-            shutil.copy(ROOT / "tests" / f"test_{name}.py", path / "tests" / f"test_{name}.py")
+            judges = judge_of(name).parent   # the judge's folder: its helpers beside it
+            shutil.copytree(judges, path / judges.relative_to(ROOT), dirs_exist_ok=True,
+                            ignore=shutil.ignore_patterns("__pycache__"))
         shutil.copytree(ROOT / "playbook", path / "playbook")
         git(path, "init", "-q", "-b", "main")
         git(path, "config", "user.email", "t@example.com")

@@ -458,12 +458,12 @@ def traffic(shape) -> dict:
 
 
 # out's tolerance is twice PyTorch's own error in the dtype, the judge's rule
-# (tests/test_attention.py), as bounds that hold over make_inputs' draw: SDPA's math backend
+# (tests/judges/test_attention.py), as bounds that hold over make_inputs' draw: SDPA's math backend
 # in bf16 / fp16 against the float64 reference on the CPU machine (torch 2.13; head dims 64,
 # 128, 256; Sq x Sk of 9 x 9 to 2047 x 2047, 1 x 4096, 16 x 2048, 300 x 100; causal and not;
 # GQA 2) erred by up to 1.73e-3 / 2.2e-4 norm-wise and 3.9e-3 / 4.9e-4 x max(1, |ref|) per
 # element: the output's rounding, with scores and probabilities held in float32 there. The
-# kernel's tiles, run block by block on the CPU (tests/support/tile_emulator.py: float32
+# kernel's tiles, run block by block on the CPU (tests/judges/tile_emulator.py: float32
 # products, probabilities rounded to the dtype), erred by up to 2.3e-3 / 2.8e-4 and 5.3e-3 /
 # 5.7e-4 at such shapes.
 _PYTORCH = {"bfloat16": {"rtol": 4e-3, "atol": 4e-3, "max_rel_err": 1.8e-3},

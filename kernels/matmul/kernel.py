@@ -200,7 +200,7 @@ def reference(a, b):
 #    atol = 8 (2/pi) K u32. Norm-wise the sum's error is its rms, ~sqrt(K) u32; 32 sqrt(K) u32
 #    covers even products added one at a time with truncation toward zero (a CPU emulation,
 #    worse than tensor cores: 15 sqrt(K) u32 at K = 2000).
-# A judge whose inputs are larger multiplies atol by its own scale (tests/test_matmul.py).
+# A judge whose inputs are larger multiplies atol by its own scale (tests/judges/test_matmul.py).
 # At the benchmark shapes, rtol / atol / max_rel_err (fixed before: 8e-3 / 2e-3 / 5e-3 bf16,
 # 2e-3 / 5e-4 / 1e-3 fp16):
 #   4096^3 bf16           8e-3 / 1.24e-3 / 5.12e-3

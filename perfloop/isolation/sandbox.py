@@ -298,7 +298,7 @@ def confinement_for(mode: str, *reads) -> Confinement:
     commits they run) and nothing else of the repository: not the working tree, where a file
     no commit holds could be read and later changed, nor the run's work folder, where the
     trusted processes keep their files (a kernel that read the timer's progress file knew
-    when the judge's cases were replayed: tests/test_adversarial.py)."""
+    when the judge's cases were replayed: tests/e2e/test_adversarial.py)."""
     for place in reads:
         os.makedirs(place, exist_ok=True)   # (Landlock grants folders that exist)
     return Confinement(mode, tuple(str(p) for p in reads))

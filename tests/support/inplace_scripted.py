@@ -1,5 +1,5 @@
 """A test-only in-place kernel on the CPU, copied over the scripted kernel's kernel.py by
-tests/test_hooks.py: y += x (y is input 2, declared in INPLACE) and out = 2 x, on tensors.
+tests/e2e/test_hooks.py: y += x (y is input 2, declared in INPLACE) and out = 2 x, on tensors.
 
 Its knob "mode" makes it misbehave where only the timer can see it (the judge launches once):
   once       updates y on its first launch only, as if y then already held the result
