@@ -11,7 +11,8 @@ def test_unknown_kernel(scratch):
     before = scratch.snapshot()
     code, _, err = human(scratch.path, "init", "--kernel", "nosuch")
     assert code == 2 and scratch.snapshot() == before
-    assert_one_line(err, "unknown kernel 'nosuch'", "shipped kernels: matmul, rmsnorm, softmax, swiglu")
+    assert_one_line(err, "unknown kernel 'nosuch'",
+                    "shipped kernels: attention, matmul, rmsnorm, softmax, swiglu")
 
 
 def test_unknown_optimization(started):
