@@ -125,7 +125,10 @@ def test_an_incumbent_of_zeros_is_not_a_commit(started):
 def test_git_missing_from_path(started, tmp_path):
     bare = tmp_path / "bin"
     bare.mkdir()
-    (bare / "python").symlink_to(sys.executable)
+    # a wrapper, not a symlink: a symlinked venv python no longer finds its venv (pyvenv.cfg
+    # beside it), so it would fail importing GitPython instead of finding no git
+    (bare / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    (bare / "python").chmod(0o755)
     proc = subprocess.run([str(bare / "python"), "-m", "perfloop", "status", "--kernel",
                            "scripted"], cwd=started.path, capture_output=True, text=True,
                           env={**os.environ, "PATH": str(bare), "PYTHONPATH": pythonpath()})
