@@ -6,8 +6,6 @@ import argparse
 import os
 import signal
 import sys
-import tempfile
-import traceback
 from pathlib import Path
 
 from perfloop import __version__
@@ -16,7 +14,7 @@ from perfloop.commands import next as next_command
 from perfloop.core import progress
 from perfloop.isolation import spawn
 from perfloop.core.atomic import dumps
-from perfloop.core.errors import Terminated, UserError
+from perfloop.core.errors import Terminated, UserError, keep_traceback
 from perfloop.measure import process
 from perfloop.run import recorded
 from perfloop.report.views import SCHEMA
@@ -113,11 +111,7 @@ def _emit_error(args, message: str, code: int) -> int:
 
 def _internal(args, exc: Exception) -> int:
     """A bug: keep the traceback in a file, show one line."""
-    log = Path(tempfile.gettempdir()) / f"perfloop-crash-{os.getpid()}.log"
-    try:
-        log.write_text(traceback.format_exc())
-    except OSError:  # (a full /tmp): the line still goes out
-        log = "nowhere: the temporary folder is not writable"
+    log = keep_traceback()
     first = (str(exc).strip().splitlines() or [""])[0][:200]
     after = getattr(exc, recorded.NOTE, None)
     if after:  # past an experiment's record line: say that first (docs/agent-protocol.md)

@@ -1,5 +1,21 @@
 """Errors that end a command with one clear line instead of a traceback."""
 
+import os
+import tempfile
+import traceback
+from pathlib import Path
+
+
+def keep_traceback(tag: str = "") -> str:
+    """The exception being handled's traceback, kept in a file for a bug report (the user sees
+    one line); where it went."""
+    log = Path(tempfile.gettempdir()) / f"perfloop-crash-{os.getpid()}{'-' * bool(tag)}{tag}.log"
+    try:
+        log.write_text(traceback.format_exc())
+    except OSError:  # (a full /tmp): the line still goes out
+        return "nowhere: the temporary folder is not writable"
+    return str(log)
+
 
 class UserError(Exception):
     """Bad input or a refused operation; the message is shown to the user as is."""

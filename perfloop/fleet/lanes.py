@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from perfloop.contract import kernel
-from perfloop.core.errors import UserError
+from perfloop.core.errors import UserError, keep_traceback
 from perfloop.store import gitops, lock
 from perfloop.store.session import Session
 
@@ -118,8 +118,9 @@ def run(lanes: list[Session], remote, body) -> dict:
                                              "same kernels and fleet) goes on", "exit_code": 130}
         except Exception as exc:   # one lane's bug is its own line; the others go on
             first = (str(exc).strip().splitlines() or [""])[0][:200]
-            answers[s.spec.name] = {"error": f"internal error {type(exc).__name__}: {first}",
-                                    "exit_code": 1}
+            log = keep_traceback(s.spec.name)
+            answers[s.spec.name] = {"error": f"internal error {type(exc).__name__}: {first} "
+                                             f"(traceback in {log})", "exit_code": 1}
 
     threads = [threading.Thread(target=lane, args=(s,), name=f"lane-{s.spec.name}",
                                 daemon=True) for s in lanes]

@@ -3,6 +3,8 @@ repository, a step across three workers that keeps what the same step keeps on o
 from plain knobs that writes its result."""
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 from conftest import Scratch, git
@@ -27,7 +29,7 @@ def test_two_kernels_run_at_once_in_one_repository(scratch):
     before = scratch.snapshot()
     code, out, err = scratch.cli("run", "--kernel", "scripted", "--kernel", "second",
                                  "--workers", "2", "--max-iterations", "1", timeout=900)
-    assert code == 0, (out, err)
+    assert code == 0, _lanes_said(out, err)
     assert set(out["kernels"]) == {"scripted", "second"} and len(out["workers"]) == 2
     for name in ("scripted", "second"):
         rows = (scratch.path / "sandbox" / name / "perf_results.md").read_text().splitlines()
@@ -93,3 +95,13 @@ def test_a_run_from_plain_knobs_starts_on_them_and_writes_its_result(scratch):
     code, out, err = scratch.cli("run", "--kernel", "scripted", "--workers", "1", "--from",
                                  "plain", timeout=300)
     assert code == 2 and "pass --new" in out["error"] and scratch.snapshot() == snap
+
+
+def _lanes_said(out: dict, err: str) -> str:
+    """Each lane's answer whole, and the traceback a lane's internal error kept."""
+    said = [json.dumps(out.get("kernels"), indent=1, default=str), err]
+    for answer in (out.get("kernels") or {}).values():
+        kept = re.search(r"traceback in (\S+?)\)", str(answer.get("error", "")))
+        if kept and Path(kept.group(1)).is_file():
+            said.append(Path(kept.group(1)).read_text())
+    return "\n".join(said)

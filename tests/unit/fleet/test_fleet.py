@@ -225,3 +225,20 @@ def test_two_fleets_on_one_repository_are_refused(tmp_path):
         with pytest.raises(Busy, match="this repository's fleet"):
             with lanes.hold(repo):
                 pass
+
+
+def test_a_lanes_bug_is_one_line_and_its_traceback_is_kept():
+    from types import SimpleNamespace
+
+    def body(s):
+        if s.spec.name == "b":
+            missing = {}["key"]   # noqa: F841 (a bug in one lane)
+        return {"ok": True}
+
+    lane = [SimpleNamespace(spec=SimpleNamespace(name=n)) for n in ("a", "b")]
+    answers = lanes.run(lane, remote=None, body=body)
+    assert answers["a"] == {"ok": True}
+    said = answers["b"]["error"]
+    assert said.startswith("internal error KeyError") and answers["b"]["exit_code"] == 1
+    kept = Path(said.split("traceback in ", 1)[1].rstrip(")"))
+    assert 'missing = {}["key"]' in kept.read_text()

@@ -9,6 +9,7 @@ import pytest
 
 from perfloop import cli
 from perfloop.core.errors import AfterRecord, EnvironmentFailure, UserError
+from perfloop.core import errors
 from perfloop.run import recorded
 from perfloop.store.records import Experiment
 
@@ -40,7 +41,7 @@ def test_a_failure_past_the_record_says_the_iteration_was_recorded(raised, words
 
 def test_a_bug_past_the_record_keeps_its_traceback_and_says_it_was_recorded(tmp_path,
                                                                            monkeypatch, capsys):
-    monkeypatch.setattr(cli.tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.setattr(errors.tempfile, "gettempdir", lambda: str(tmp_path))
     args = argparse.Namespace(json=False, command="step")
     try:
         with recorded.past(RECORD, "answering", "`perfloop status` shows it"):
