@@ -6,7 +6,6 @@ import argparse
 import os
 import signal
 import sys
-from pathlib import Path
 
 from perfloop import __version__
 from perfloop.commands import bench, check, init, profile, report, run, status, step
@@ -14,7 +13,7 @@ from perfloop.commands import next as next_command
 from perfloop.core import progress
 from perfloop.isolation import spawn
 from perfloop.core.atomic import dumps
-from perfloop.core.errors import Terminated, UserError, keep_traceback
+from perfloop.core.errors import Terminated, UserError, first_line, keep_traceback
 from perfloop.measure import process
 from perfloop.run import recorded
 from perfloop.report.views import SCHEMA
@@ -112,7 +111,7 @@ def _emit_error(args, message: str, code: int) -> int:
 def _internal(args, exc: Exception) -> int:
     """A bug: keep the traceback in a file, show one line."""
     log = keep_traceback()
-    first = (str(exc).strip().splitlines() or [""])[0][:200]
+    first = first_line(exc)
     after = getattr(exc, recorded.NOTE, None)
     if after:  # past an experiment's record line: say that first (docs/agent-protocol.md)
         return _emit_error(args, f"{after[0]}, but an internal error followed: "

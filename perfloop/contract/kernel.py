@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from perfloop.core import plainfile
-from perfloop.core.errors import UserError
+from perfloop.core.errors import UserError, first_line
 from perfloop.contract.shape import Shape, _items, pow2  # noqa: F401  (the contract's)
 from perfloop.core.source import compile_error
 from perfloop.core.values import freeze, thaw
@@ -183,9 +183,8 @@ def load_module(folder: Path, tag: str, where: str, file: str = MODULE):
     try:
         return import_module(folder, tag, file)
     except Exception as exc:  # kernel code: its failure in one line, not a traceback
-        first = (str(exc).strip().splitlines() or [""])[0][:200]
-        raise UserError(f"{where} failed while imported ({type(exc).__name__}: {first}); "
-                        "fix it, then run the command again") from None
+        raise UserError(f"{where} failed while imported ({type(exc).__name__}: "
+                        f"{first_line(exc)}); fix it, then run the command again") from None
 
 
 def triton_competitor(folder: Path, file: str, function: str) -> dict:

@@ -6,6 +6,11 @@ import traceback
 from pathlib import Path
 
 
+def first_line(exc: BaseException) -> str:
+    """An exception's message cut to its first line, for a one-line answer."""
+    return (str(exc).strip().splitlines() or [""])[0][:200]
+
+
 def keep_traceback(tag: str = "") -> str:
     """The exception being handled's traceback, kept in a file for a bug report (the user sees
     one line); where it went."""

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from perfloop.contract import kernel
-from perfloop.core.errors import UserError, keep_traceback
+from perfloop.core.errors import UserError, first_line, keep_traceback
 from perfloop.store import gitops, lock
 from perfloop.store.session import Session
 
@@ -117,7 +117,7 @@ def run(lanes: list[Session], remote, body) -> dict:
             answers[s.spec.name] = {"error": "interrupted; `perfloop run --resume` (with the "
                                              "same kernels and fleet) goes on", "exit_code": 130}
         except Exception as exc:   # one lane's bug is its own line; the others go on
-            first = (str(exc).strip().splitlines() or [""])[0][:200]
+            first = first_line(exc)
             log = keep_traceback(s.spec.name)
             answers[s.spec.name] = {"error": f"internal error {type(exc).__name__}: {first} "
                                              f"(traceback in {log})", "exit_code": 1}
